@@ -84,6 +84,31 @@ ENV_PREFILL_SERVICE: Final = "HPD_PREFILL_SERVICE"
 """Headless Service DNS name of the prefill pods (decode's pair check resolves it to Ready prefill pods)."""
 ENV_POD_IP: Final = "HPD_POD_IP"
 """Downward API `status.podIP`."""
+ENV_PREFILL_PORT: Final = "HPD_PREFILL_PORT"
+"""vLLM port on the prefill pods for the pair check; default VLLM_PORT (the operator need not set it)."""
+
+# --- Runtime knobs with safe defaults (the operator normally leaves them unset; tests and debugging set them) ---
+ENV_VLLM_HOST: Final = "HPD_VLLM_HOST"
+"""Host the runtime uses to reach its own vLLM (health, warmup); default 127.0.0.1."""
+ENV_RUNTIME_HOST: Final = "HPD_RUNTIME_HOST"
+"""Bind address of the readiness server; default 0.0.0.0 (the kubelet probes the pod IP)."""
+ENV_VLLM_COMMAND: Final = "HPD_VLLM_COMMAND"
+"""Override of the program that `launch` starts instead of `python -m vllm.entrypoints.cli.main serve`
+(shell-split; the vLLM args are appended). For tests and debugging."""
+ENV_WARMUP_MAX_TOKENS: Final = "HPD_WARMUP_MAX_TOKENS"
+"""Decode tokens per warmup request (default 4)."""
+ENV_STABLE_TRITON_CACHE: Final = "HPD_STABLE_TRITON_CACHE"
+"""Default on: route Triton's file cache to the keyed dir via TRITON_CACHE_MANAGER (see hpd_runtime.triton_cache)."""
+ENV_TRITON_STABLE_DIR: Final = "HPD_TRITON_STABLE_DIR"
+"""Set by `launch` for the vLLM process tree: the keyed directory hpd_runtime.triton_cache writes to."""
+ENV_CACHE_KEY: Final = "HPD_CACHE_KEY"
+"""Set by `launch` for the vLLM process tree (informational): the computed cache key."""
+
+# --- Runtime defaults ---------------------------------------------------------------------------------------------
+SSD_CHUNK_SIZE_DEFAULT: Final = 256
+WARMUP_CONCURRENCY_DEFAULT: Final = 4
+WARMUP_TIMEOUT_SECONDS_DEFAULT: Final = 1200
+WARMUP_MAX_TOKENS_DEFAULT: Final = 4
 
 # --- vLLM's own env that the profile sets ------------------------------------------------------------------------
 ENV_VLLM_SSM_CONV_STATE_LAYOUT: Final = "VLLM_SSM_CONV_STATE_LAYOUT"
@@ -92,6 +117,10 @@ ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 ENV_VLLM_CACHE_ROOT: Final = "VLLM_CACHE_ROOT"
 ENV_TRITON_CACHE_DIR: Final = "TRITON_CACHE_DIR"
 ENV_XDG_CACHE_HOME: Final = "XDG_CACHE_HOME"
+ENV_TRITON_CACHE_MANAGER: Final = "TRITON_CACHE_MANAGER"
+ENV_TORCHINDUCTOR_CACHE_DIR: Final = "TORCHINDUCTOR_CACHE_DIR"
+ENV_FLASHINFER_WORKSPACE_BASE: Final = "FLASHINFER_WORKSPACE_BASE"
+ENV_CUDA_CACHE_PATH: Final = "CUDA_CACHE_PATH"
 
 TRUE_VALUES: Final = frozenset({"1", "true", "yes", "on"})
 

@@ -1,0 +1,185 @@
+"""Readiness server: `/readyz`, `/livez`, `/metrics` on the runtime port (stdlib http.server in a thread).
+
+- `/readyz` is 200 only when the warmup finished (or is disabled) AND a live `GET /health` on vLLM answers 200
+  within a short timeout; otherwise 503 with the reason as text.
+- `/livez` is 200 while the vLLM child process is alive (standalone: while vLLM answers at all).
+- `/metrics` serves this process's own prometheus-client registry (`hpd_runtime_*`).
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from hpd_runtime import contract as c
+from hpd_runtime.config import RuntimeConfig
+from hpd_runtime.http_client import health_status
+from hpd_runtime.log import log_event
+
+HEALTH_TIMEOUT_SECONDS = 2.0
+
+
+class RuntimeMetrics:
+    """The runtime's metrics, in their own registry (never the global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.warmup_duration = Gauge(
+            "hpd_runtime_warmup_duration_seconds",
+            "Seconds from vLLM /health 200 to the end of the warmup (set when it finished or failed).",
+            registry=r,
+        )
+        self.warmup_requests = Counter(
+            "hpd_runtime_warmup_requests",
+            "Warmup requests sent, by kind and outcome (ok, error).",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.warmup_request_seconds = Histogram(
+            "hpd_runtime_warmup_request_duration_seconds",
+            "Duration of each warmup request by kind (the first ones include lazy compiles and autotune).",
+            ["kind"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self.warmup_completed = Gauge(
+            "hpd_runtime_warmup_completed", "1 when the warmup finished successfully (or is disabled).", registry=r
+        )
+        self.warmup_failed = Gauge(
+            "hpd_runtime_warmup_failed", "1 when the warmup failed or timed out (the pod stays not ready).", registry=r
+        )
+        self.ready = Gauge("hpd_runtime_ready", "1 when the last readiness evaluation was ready.", registry=r)
+        self.start_to_ready = Gauge(
+            "hpd_runtime_start_to_ready_seconds",
+            "Seconds from runtime start to the first ready evaluation (load + warmup).",
+            registry=r,
+        )
+        self.vllm_healthy = Gauge(
+            "hpd_runtime_vllm_healthy", "1 when the last live check of vLLM /health returned 200.", registry=r
+        )
+
+
+class RuntimeState:
+    """What the warmup thread and the HTTP handlers share. Thread-safe."""
+
+    def __init__(self, metrics: RuntimeMetrics, child_alive: Callable[[], bool] | None = None) -> None:
+        self.metrics = metrics
+        self.started = time.monotonic()
+        self._child_alive = child_alive
+        self._lock = threading.Lock()
+        self.phase = "starting"
+        self.reason = "vLLM not healthy yet"
+        self.warm = threading.Event()
+        self.ready_at: float | None = None
+
+    def set_phase(self, phase: str, reason: str) -> None:
+        with self._lock:
+            self.phase, self.reason = phase, reason
+
+    def mark_warm(self, reason: str = "warmup finished") -> None:
+        with self._lock:
+            self.phase, self.reason = "warm", reason
+        self.metrics.warmup_completed.set(1)
+        self.metrics.warmup_failed.set(0)
+        self.warm.set()
+
+    def mark_failed(self, reason: str) -> None:
+        with self._lock:
+            self.phase, self.reason = "failed", reason
+        self.metrics.warmup_failed.set(1)
+
+    def snapshot(self) -> tuple[str, str]:
+        with self._lock:
+            return self.phase, self.reason
+
+    def child_alive(self) -> bool | None:
+        """True/False for a supervised child; None when standalone (no child)."""
+        return None if self._child_alive is None else self._child_alive()
+
+    def note_ready(self, ready: bool) -> None:
+        self.metrics.ready.set(1 if ready else 0)
+        if ready and self.ready_at is None:
+            with self._lock:
+                if self.ready_at is None:
+                    self.ready_at = time.monotonic()
+                    took = self.ready_at - self.started
+                    self.metrics.start_to_ready.set(took)
+                    log_event("ready", start_to_ready_seconds=round(took, 3))
+
+
+def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, str]:
+    """(ready, reason). Checks vLLM /health live every time, so a dead engine turns the pod not ready."""
+    status = health_status(cfg.vllm_host, cfg.vllm_port, timeout=HEALTH_TIMEOUT_SECONDS)
+    state.metrics.vllm_healthy.set(1 if status == 200 else 0)
+    if not state.warm.is_set():
+        phase, reason = state.snapshot()
+        ready, why = False, f"warmup {phase}: {reason}"
+    elif status != 200:
+        ready, why = False, f"vLLM {c.PATH_VLLM_HEALTH} returned {status if status is not None else 'no answer'}"
+    else:
+        ready, why = True, "ok"
+    state.note_ready(ready)
+    return ready, why
+
+
+def evaluate_liveness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, str]:
+    alive = state.child_alive()
+    if alive is None:  # standalone: liveness = vLLM answers at all
+        status = health_status(cfg.vllm_host, cfg.vllm_port, timeout=HEALTH_TIMEOUT_SECONDS)
+        return status is not None, f"vLLM {c.PATH_VLLM_HEALTH} answered {status}"
+    return alive, "vLLM process alive" if alive else "vLLM process exited"
+
+
+def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "hpd-runtime"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == c.PATH_READYZ:
+                ok, why = evaluate_readiness(state, cfg)
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == c.PATH_LIVEZ:
+                ok, why = evaluate_liveness(state, cfg)
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == c.PATH_METRICS:
+                evaluate_readiness(state, cfg)  # refresh the ready / vLLM health gauges for this scrape
+                self._send(200, generate_latest(state.metrics.registry), CONTENT_TYPE_LATEST)
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes every few seconds would drown vLLM's log
+
+    return Handler
+
+
+class ReadinessServer:
+    """The HTTP server on its own daemon thread. Binds in the constructor so a port clash fails early."""
+
+    def __init__(self, state: RuntimeState, cfg: RuntimeConfig) -> None:
+        self.httpd = http.server.ThreadingHTTPServer((cfg.runtime_host, cfg.runtime_port), _handler(state, cfg))
+        self.httpd.daemon_threads = True
+        self.port: int = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="hpd-readiness", daemon=True)
+
+    def start(self) -> ReadinessServer:
+        self._thread.start()
+        log_event("readiness_server_started", host=self.httpd.server_address[0], port=self.port)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

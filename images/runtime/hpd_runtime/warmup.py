@@ -1,0 +1,360 @@
+"""Warmup: pay vLLM's lazy first-use costs (Triton autotune/JIT of the Mamba2 SSD and conv1d kernels, decode
+state paths, the first NIXL handshake) before the pod reports Ready.
+
+What is sent, after vLLM `/health` answers 200 (all `/v1/completions`, token-id prompts, no tokenizer):
+1. one at a time: `short` (16 tokens), `chunked` (2 x SSD chunk + 17: several SSD chunks in one prefill) and
+   `long` (several chunks; longer than `--max-num-batched-tokens` when that fits, so chunked prefill carries an
+   initial state into the next step), each with a few decode tokens;
+2. `continuation`: the `chunked` prompt plus one more chunk of new tokens (with prefix caching on, the cached
+   prefix makes the SSD kernels run with initial states; with it off, the `long` prompt covers that path);
+3. `concurrent`: HPD_WARMUP_CONCURRENCY requests at once (batched prefill + batched decode);
+4. decode with pair check only: one real prefill -> decode round trip through a Ready prefill pod, found by
+   resolving the prefill headless Service (it publishes only Ready endpoints); prefill gets
+   `kv_transfer_params={do_remote_decode: true, ...}`, `max_tokens=1`, `stream=false`; decode gets the same
+   prompt with the `kv_transfer_params` prefill returned, forwarded unchanged; both with one `X-Request-Id`.
+
+HPD_WARMUP_PROMPT_LENGTHS replaces the lengths of step 1 (`custom`); steps 2-4 still run.
+
+Token ids are drawn from a seeded RNG in [3, 1000]: the vocabulary is unknown here, ids 0-2 are often special
+(pad/bos/eos) and every real tokenizer has more than 1000 ids. Prompts are never longer than
+`max_model_len - max_tokens - 1`. `ignore_eos` keeps prefill from stopping early (on vLLM 0.20 a prefill that
+stops on EOS returns no kv_transfer_params).
+
+Deadline and retries: HPD_WARMUP_TIMEOUT_SECONDS counts from the first `/health` 200 (model load is the
+startupProbe's business). A 4xx from the local vLLM is a configuration error and fails the warmup at once;
+5xx and transport errors retry the local phase with backoff. The pair check retries (prefill may come up later)
+until the deadline. Past the deadline the warmup has failed: the pod stays not ready for good, the reason is
+logged as `warmup_failed` and repeated every minute as `not_ready` (a restart of the container retries, with
+the keyed cache already warm).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hpd_runtime.config import RuntimeConfig
+from hpd_runtime.http_client import RequestError, Response, base_url, health_status, request
+from hpd_runtime.log import log_event
+from hpd_runtime.readiness import RuntimeState
+
+TOKEN_ID_MIN = 3
+TOKEN_ID_MAX = 1000
+SHORT_LENGTH = 16
+LONG_CAP_CHUNKS = 8
+"""Without a known max model len, the `long` prompt is at most this many SSD chunks."""
+HEALTH_POLL_SECONDS = 1.0
+RETRY_BACKOFF_SECONDS = (2.0, 5.0, 10.0, 20.0, 30.0)
+NOT_READY_REMINDER_SECONDS = 60.0
+PAIR_KV_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+Resolver = Callable[[str, int], list[tuple[str, int]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupPrompt:
+    kind: str
+    tokens: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupPlan:
+    sequential: tuple[WarmupPrompt, ...]
+    concurrent: tuple[WarmupPrompt, ...]
+    pair: WarmupPrompt | None
+
+
+class WarmupError(Exception):
+    def __init__(self, reason: str, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.permanent = permanent
+
+
+def prompt_tokens(length: int, seed: int) -> tuple[int, ...]:
+    """Deterministic token ids in [TOKEN_ID_MIN, TOKEN_ID_MAX]."""
+    rng = random.Random(seed)
+    return tuple(rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(length))
+
+
+def prompt_limit(cfg: RuntimeConfig) -> int:
+    """Longest prompt the warmup sends."""
+    if cfg.max_model_len is not None:
+        return max(1, cfg.max_model_len - cfg.warmup_max_tokens - 1)
+    return LONG_CAP_CHUNKS * cfg.ssd_chunk_size + 13
+
+
+def plan_warmup(cfg: RuntimeConfig) -> WarmupPlan:
+    """The prompts to send (pure)."""
+    limit = prompt_limit(cfg)
+    chunk = cfg.ssd_chunk_size
+    n_out = cfg.warmup_max_tokens
+
+    def clamp(n: int) -> int:
+        return max(1, min(n, limit))
+
+    sequential: list[WarmupPrompt] = []
+    if cfg.warmup_prompt_lengths:
+        for i, n in enumerate(cfg.warmup_prompt_lengths):
+            sequential.append(WarmupPrompt("custom", prompt_tokens(clamp(n), seed=10 + i), n_out))
+        base = max(sequential, key=lambda p: len(p.tokens))
+    else:
+        long_len = 4 * chunk + 13
+        if cfg.max_num_batched_tokens is not None:
+            long_len = max(long_len, cfg.max_num_batched_tokens + chunk + 13)
+        sequential.append(WarmupPrompt("short", prompt_tokens(clamp(SHORT_LENGTH), seed=1), n_out))
+        base = WarmupPrompt("chunked", prompt_tokens(clamp(2 * chunk + 17), seed=2), n_out)
+        sequential.append(base)
+        sequential.append(WarmupPrompt("long", prompt_tokens(clamp(long_len), seed=3), n_out))
+    extra = prompt_tokens(chunk + 5, seed=4)
+    continued = (base.tokens + extra)[: max(limit, len(base.tokens))]
+    sequential.append(WarmupPrompt("continuation", continued, n_out))
+
+    lengths = [clamp(SHORT_LENGTH), clamp(2 * chunk + 17)]
+    concurrent = tuple(
+        WarmupPrompt("concurrent", prompt_tokens(clamp(lengths[i % 2] + i), seed=100 + i), n_out)
+        for i in range(cfg.warmup_concurrency)
+    )
+    pair = WarmupPrompt("pair", prompt_tokens(clamp(2 * chunk + 29), seed=5), n_out) if cfg.warmup_pair_check else None
+    return WarmupPlan(tuple(sequential), concurrent, pair)
+
+
+def completion_body(cfg: RuntimeConfig, prompt: WarmupPrompt, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": cfg.served_model_name,
+        "prompt": list(prompt.tokens),
+        "max_tokens": prompt.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": False,
+    }
+    body.update(overrides)
+    return body
+
+
+def resolve_prefill(service: str, port: int) -> list[tuple[str, int]]:
+    """Ready prefill pods behind the headless Service: one (ip, port) per address, sorted, deduplicated."""
+    try:
+        infos = socket.getaddrinfo(service, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return []
+    return sorted({(str(info[4][0]), port) for info in infos})
+
+
+class Warmup:
+    """One warmup run against the local vLLM; owns the deadline, metrics and logs."""
+
+    def __init__(
+        self,
+        cfg: RuntimeConfig,
+        state: RuntimeState,
+        stop: threading.Event | None = None,
+        resolver: Resolver = resolve_prefill,
+    ) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.stop = stop or threading.Event()
+        self.resolver = resolver
+        self.local = base_url(cfg.vllm_host, cfg.vllm_port)
+        self.deadline = float("inf")
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _send(
+        self, url: str, kind: str, body: dict[str, Any], request_id: str, target: str
+    ) -> tuple[Response | None, str | None]:
+        """POST one completion, log one JSON line, count it. Returns (response, error)."""
+        timeout = self.remaining()
+        if timeout <= 0:
+            return None, "warmup deadline reached"
+        t0 = time.monotonic()
+        resp: Response | None = None
+        error: str | None = None
+        try:
+            resp = request("POST", url + "/v1/completions", body, {"X-Request-Id": request_id}, timeout=timeout)
+            if resp.status != 200:
+                error = f"HTTP {resp.status}: {str(resp.body)[:300]}"
+        except RequestError as e:
+            error = str(e)
+        seconds = time.monotonic() - t0
+        outcome = "ok" if error is None else "error"
+        m = self.state.metrics
+        m.warmup_requests.labels(kind=kind, outcome=outcome).inc()
+        m.warmup_request_seconds.labels(kind=kind).observe(seconds)
+        log_event(
+            "warmup_request",
+            level="info" if error is None else "warning",
+            kind=kind,
+            target=target,
+            request_id=request_id,
+            prompt_tokens=len(body["prompt"]),
+            max_tokens=body["max_tokens"],
+            status=resp.status if resp is not None else None,
+            seconds=round(seconds, 4),
+            outcome=outcome,
+            **({"error": error} if error else {}),
+        )
+        return resp, error
+
+    def _local(self, prompt: WarmupPrompt) -> None:
+        rid = f"hpd-warmup-{prompt.kind}-{uuid.uuid4().hex[:12]}"
+        resp, error = self._send(self.local, prompt.kind, completion_body(self.cfg, prompt), rid, "local")
+        if error is not None:
+            permanent = resp is not None and 400 <= resp.status < 500
+            raise WarmupError(f"{prompt.kind} request ({len(prompt.tokens)} tokens) failed: {error}", permanent)
+
+    # --- phases ---------------------------------------------------------------------------------------------------
+    def wait_for_health(self, give_up: float | None = None) -> bool:
+        """Poll vLLM /health until 200; False if stopped (child exited) or `give_up` (monotonic) passed."""
+        self.state.set_phase("starting", f"waiting for vLLM {self.local}/health")
+        while not self.stop.is_set():
+            if health_status(self.cfg.vllm_host, self.cfg.vllm_port) == 200:
+                return True
+            if give_up is not None and time.monotonic() > give_up:
+                return False
+            self.stop.wait(HEALTH_POLL_SECONDS)
+        return False
+
+    def local_phase(self, plan: WarmupPlan) -> None:
+        for prompt in plan.sequential:
+            self._local(prompt)
+        if plan.concurrent:
+            with concurrent.futures.ThreadPoolExecutor(len(plan.concurrent), thread_name_prefix="hpd-warmup") as ex:
+                futures = [ex.submit(self._local, p) for p in plan.concurrent]
+                errors = [f.exception() for f in futures]
+            for err in errors:
+                if err is not None:
+                    raise err
+
+    def pair_check(self, prompt: WarmupPrompt) -> str:
+        """One prefill -> decode round trip; returns the prefill address used. Raises WarmupError."""
+        service = self.cfg.prefill_service
+        assert service is not None
+        targets = self.resolver(service, self.cfg.prefill_port)
+        if not targets:
+            raise WarmupError(f"no Ready prefill pod behind {service} (DNS returned no address)")
+        host, port = targets[0]
+        prefill_url = base_url(host, port)
+        rid = f"hpd-warmup-pair-{uuid.uuid4().hex[:12]}"
+        p_body = completion_body(self.cfg, prompt, max_tokens=1, kv_transfer_params=dict(PAIR_KV_PARAMS))
+        resp, error = self._send(prefill_url, "pair_prefill", p_body, rid, f"prefill {host}:{port}")
+        if error is not None or resp is None:
+            raise WarmupError(f"pair check: prefill {host}:{port} failed: {error}")
+        params = resp.body.get("kv_transfer_params") if isinstance(resp.body, dict) else None
+        if not params:
+            raise WarmupError(f"pair check: prefill {host}:{port} returned no kv_transfer_params")
+        d_body = completion_body(self.cfg, prompt, kv_transfer_params=params)
+        resp, error = self._send(self.local, "pair_decode", d_body, rid, "local")
+        if error is not None:
+            raise WarmupError(f"pair check: decode with prefill {host}:{port} kv_transfer_params failed: {error}")
+        return f"{host}:{port}"
+
+    def _retry(self, step: Callable[[], Any], what: str) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return step()
+            except WarmupError as e:
+                if e.permanent:
+                    raise
+                wait = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
+                if self.remaining() <= wait or self.stop.is_set():
+                    raise WarmupError(f"timed out after {self.cfg.warmup_timeout_seconds:g} s; last error: {e}") from e
+                log_event("warmup_retry", level="warning", step=what, attempt=attempt + 1, wait_s=wait, error=str(e))
+                self.state.set_phase("warming", f"{what} retrying: {e}")
+                attempt += 1
+                if self.stop.wait(wait):
+                    raise WarmupError("stopped") from e
+
+    def run(self, health_give_up: float | None = None) -> bool:
+        """Wait for health, warm up, mark the state warm or failed. Returns success."""
+        if not self.wait_for_health(health_give_up):
+            reason = "vLLM exited before /health" if self.stop.is_set() else "vLLM /health never returned 200"
+            self.state.mark_failed(reason)
+            log_event("warmup_failed", level="error", reason=reason)
+            return False
+        if not self.cfg.warmup_enabled:
+            log_event("warmup_disabled")
+            self.state.mark_warm("warmup disabled")
+            return True
+        t0 = time.monotonic()
+        self.deadline = t0 + self.cfg.warmup_timeout_seconds
+        plan = plan_warmup(self.cfg)
+        log_event(
+            "warmup_started",
+            role=self.cfg.role,
+            model=self.cfg.served_model_name,
+            timeout_s=self.cfg.warmup_timeout_seconds,
+            lengths=[len(p.tokens) for p in plan.sequential],
+            concurrent=len(plan.concurrent),
+            pair_check=plan.pair is not None,
+        )
+        self.state.set_phase("warming", "sending warmup requests")
+        try:
+            self._retry(lambda: self.local_phase(plan), "local warmup")
+            prefill = None
+            if plan.pair is not None:
+                pair = plan.pair
+                self.state.set_phase("warming", "pair check")
+                prefill = self._retry(lambda: self.pair_check(pair), "pair check")
+        except WarmupError as e:
+            took = time.monotonic() - t0
+            self.state.metrics.warmup_duration.set(took)
+            reason = f"{e}"
+            self.state.mark_failed(reason)
+            log_event("warmup_failed", level="error", reason=reason, seconds=round(took, 3))
+            return False
+        took = time.monotonic() - t0
+        self.state.metrics.warmup_duration.set(took)
+        log_event("warmup_finished", seconds=round(took, 3), pair_prefill=prefill)
+        self.state.mark_warm()
+        return True
+
+    def remind_not_ready(self) -> None:
+        """After a failure: repeat why the pod is not ready, once a minute, until stopped."""
+        while not self.stop.wait(NOT_READY_REMINDER_SECONDS):
+            phase, reason = self.state.snapshot()
+            log_event("not_ready", level="error", phase=phase, reason=reason)
+
+
+def start_warmup_thread(
+    cfg: RuntimeConfig, state: RuntimeState, stop: threading.Event, resolver: Resolver = resolve_prefill
+) -> threading.Thread:
+    def target() -> None:
+        w = Warmup(cfg, state, stop, resolver)
+        try:
+            ok = w.run()
+        except Exception as e:  # a bug here must not leave a silent, never-ready pod
+            state.mark_failed(f"warmup crashed: {e!r}")
+            log_event("warmup_failed", level="error", reason=f"warmup crashed: {e!r}")
+            ok = False
+        if not ok:
+            w.remind_not_ready()
+
+    t = threading.Thread(target=target, name="hpd-warmup", daemon=True)
+    t.start()
+    return t
+
+
+def describe_plan(plan: WarmupPlan) -> Sequence[tuple[str, int]]:
+    """(kind, prompt length) of every request in the plan, for logs and tests."""
+    out = [(p.kind, len(p.tokens)) for p in plan.sequential + plan.concurrent]
+    if plan.pair is not None:
+        out.append(("pair", len(plan.pair.tokens)))
+    return out

@@ -1,0 +1,162 @@
+"""Stand-in for vLLM's OpenAI server in runtime tests (TEST CODE, never shipped). Stdlib only.
+
+Accepts `vllm serve`-style arguments (`MODEL --port N ...`; unknown vLLM flags are ignored) so `launch` can start
+it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
+
+  --health-delay S        do not listen for S seconds (vLLM refuses connections until the engine is up)
+  --completion-delay S    sleep S before answering each /v1/completions
+  --fail MODE             completions: 500 on /v1/completions; bad-request: 400; no-kv-params: prefill answers
+                          without kv_transfer_params
+  --on-term ACTION        exit (default: exit with --term-exit-code) | kill (SIGKILL itself) | ignore
+  --term-exit-code N      exit status after SIGTERM/SIGINT (default 0)
+  --signal-file PATH      append the name of every SIGTERM/SIGINT received
+
+Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
+GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv + env), POST /_control
+({"health": 500} flips /health; {"fail": "completions"|null}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+
+class FakeVLLM:
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.ns = ns
+        self.lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+        self.health = 200
+        self.fail: str | None = ns.fail
+
+    def completion(self, body: dict[str, Any], request_id: str | None) -> tuple[int, dict[str, Any]]:
+        if self.ns.completion_delay:
+            time.sleep(self.ns.completion_delay)
+        if self.fail == "completions":
+            return 500, {"error": {"message": "fake engine failure", "code": 500}}
+        if self.fail == "bad-request":
+            return 400, {"error": {"message": "fake bad request", "code": 400}}
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return 400, {"error": {"message": "expected token ids", "code": 400}}
+        n = int(body.get("max_tokens", 16))
+        resp: dict[str, Any] = {
+            "id": f"cmpl-{request_id or uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [{"index": 0, "text": "x" * n, "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
+            "kv_transfer_params": None,
+        }
+        kv = body.get("kv_transfer_params")
+        if isinstance(kv, dict) and kv.get("do_remote_decode") and self.fail != "no-kv-params":
+            resp["kv_transfer_params"] = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": [[1, 2, 3]],
+                "remote_engine_id": f"fake-engine-{self.ns.port}",
+                "remote_request_id": f"prefill-{request_id}",
+                "remote_host": "127.0.0.1",
+                "remote_port": 5600,
+                "tp_size": 1,
+            }
+        return 200, resp
+
+
+def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, status: int, payload: Any) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n) or b"null")
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(app.health, {} if app.health == 200 else {"error": "unhealthy"})
+            elif self.path == "/_requests":
+                with app.lock:
+                    self._send(200, list(app.requests))
+            elif self.path == "/_env":
+                self._send(200, {"argv": sys.argv, "env": dict(os.environ), "pid": os.getpid()})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            body = self._body()
+            if self.path == "/_control":
+                if "health" in body:
+                    app.health = int(body["health"])
+                if "fail" in body:
+                    app.fail = body["fail"]
+                self._send(200, {"health": app.health, "fail": app.fail})
+                return
+            if self.path != "/v1/completions":
+                self._send(404, {"error": "not found"})
+                return
+            rid = self.headers.get("X-Request-Id")
+            with app.lock:
+                app.requests.append({"path": self.path, "request_id": rid, "body": body, "t": time.monotonic()})
+            status, payload = app.completion(body, rid)
+            self._send(status, payload)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("model", nargs="?", default="fake-model")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--health-delay", type=float, default=0.0)
+    p.add_argument("--completion-delay", type=float, default=0.0)
+    p.add_argument("--fail", default=None, choices=["completions", "bad-request", "no-kv-params"])
+    p.add_argument("--on-term", default="exit", choices=["exit", "kill", "ignore"])
+    p.add_argument("--term-exit-code", type=int, default=0)
+    p.add_argument("--signal-file", default=None)
+    ns, _unknown = p.parse_known_args(argv)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if ns.signal_file:
+            with open(ns.signal_file, "a") as f:
+                f.write(signal.Signals(signum).name + "\n")
+        if ns.on_term == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif ns.on_term == "exit":
+            os._exit(ns.term_exit_code)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if ns.health_delay:
+        time.sleep(ns.health_delay)
+    app = FakeVLLM(ns)
+    httpd = http.server.ThreadingHTTPServer((ns.host, ns.port), make_handler(app))
+    httpd.daemon_threads = True
+    print(f"fake vLLM listening on {ns.host}:{ns.port}", flush=True)
+    httpd.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Warmup: the prompt plan (pure) and runs against the vLLM stand-in (in-process, loopback only)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from hpd_runtime import contract as c
+from hpd_runtime import warmup as w
+from hpd_runtime.config import RuntimeConfig, load_config
+from hpd_runtime.readiness import RuntimeMetrics, RuntimeState
+from hpd_runtime.warmup import PAIR_KV_PARAMS, Warmup, plan_warmup
+
+from .conftest import LOOPBACK, Fake
+
+
+def cfg_for(port: int, **env: str) -> RuntimeConfig:
+    base = {c.ENV_VLLM_HOST: LOOPBACK, c.ENV_VLLM_PORT: str(port), c.ENV_MODEL: "fake-model"}
+    return load_config({**base, **env})
+
+
+def sample(metric: RuntimeMetrics, name: str, **labels: str) -> float:
+    value = metric.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(w, "RETRY_BACKOFF_SECONDS", (0.05,))
+    monkeypatch.setattr(w, "HEALTH_POLL_SECONDS", 0.05)
+
+
+# --- the plan --------------------------------------------------------------------------------------------------
+
+
+def test_plan_covers_short_multi_chunk_long_and_continuation() -> None:
+    cfg = load_config(
+        {c.ENV_SSD_CHUNK_SIZE: "128", c.ENV_MAX_MODEL_LEN: "4096"}, ["m", "--max-num-batched-tokens", "1024"]
+    )
+    plan = plan_warmup(cfg)
+    by_kind = {p.kind: p for p in plan.sequential}
+    assert len(by_kind["short"].tokens) <= 32
+    assert len(by_kind["chunked"].tokens) >= 2 * 128
+    assert len(by_kind["long"].tokens) > 1024  # longer than one scheduler step: chunked prefill, initial states
+    cont = by_kind["continuation"].tokens
+    assert cont[: len(by_kind["chunked"].tokens)] == by_kind["chunked"].tokens
+    assert len(cont) > len(by_kind["chunked"].tokens)
+    assert len(plan.concurrent) == c.WARMUP_CONCURRENCY_DEFAULT
+    assert plan.pair is None
+
+
+def test_plan_never_exceeds_max_model_len_and_ids_stay_in_the_safe_range() -> None:
+    cfg = load_config(
+        {c.ENV_MAX_MODEL_LEN: "300", c.ENV_WARMUP_MAX_TOKENS: "4"}, ["m", "--max-num-batched-tokens=8192"]
+    )
+    plan = plan_warmup(cfg)
+    prompts = [*plan.sequential, *plan.concurrent]
+    assert all(len(p.tokens) + p.max_tokens < 300 for p in prompts)
+    assert all(w.TOKEN_ID_MIN <= t <= w.TOKEN_ID_MAX for p in prompts for t in p.tokens)
+
+
+def test_plan_is_deterministic() -> None:
+    cfg = load_config({c.ENV_MAX_MODEL_LEN: "4096"})
+    assert plan_warmup(cfg) == plan_warmup(cfg)
+
+
+def test_explicit_lengths_replace_the_derived_ones() -> None:
+    cfg = load_config({c.ENV_WARMUP_PROMPT_LENGTHS: "8, 600", c.ENV_MAX_MODEL_LEN: "4096"})
+    plan = plan_warmup(cfg)
+    assert [(p.kind, len(p.tokens)) for p in plan.sequential[:2]] == [("custom", 8), ("custom", 600)]
+    assert plan.sequential[2].kind == "continuation"
+    assert plan.sequential[2].tokens[:600] == plan.sequential[1].tokens
+
+
+# --- runs against the stand-in ---------------------------------------------------------------------------------
+
+
+def run_warmup(cfg: RuntimeConfig, resolver: Callable[[str, int], list[tuple[str, int]]] | None = None) -> Any:
+    state = RuntimeState(RuntimeMetrics())
+    kw: dict[str, Any] = {} if resolver is None else {"resolver": resolver}
+    ok = Warmup(cfg, state, threading.Event(), **kw).run()
+    return ok, state
+
+
+def test_warmup_sends_the_plan_and_marks_warm(start_fake: Callable[..., Fake]) -> None:
+    fake = start_fake()
+    cfg = cfg_for(fake.port, **{c.ENV_WARMUP_CONCURRENCY: "3", c.ENV_MAX_MODEL_LEN: "2048"})
+    ok, state = run_warmup(cfg)
+    assert ok and state.warm.is_set()
+    plan = plan_warmup(cfg)
+    got = fake.requests()
+    assert len(got) == len(plan.sequential) + len(plan.concurrent)
+    assert [r["body"]["prompt"] for r in got[: len(plan.sequential)]] == [list(p.tokens) for p in plan.sequential]
+    assert all(r["body"]["model"] == "fake-model" and r["body"]["stream"] is False for r in got)
+    assert all(r["request_id"] and r["request_id"].startswith("hpd-warmup-") for r in got)
+    assert sample(state.metrics, "hpd_runtime_warmup_requests_total", kind="concurrent", outcome="ok") == 3
+    assert sample(state.metrics, "hpd_runtime_warmup_completed") == 1
+
+
+def test_pair_check_calls_prefill_then_decode_with_prefills_params(start_fake: Callable[..., Fake]) -> None:
+    prefill, decode = start_fake(), start_fake()
+    cfg = cfg_for(
+        decode.port,
+        **{
+            c.ENV_ROLE: "decode",
+            c.ENV_WARMUP_PAIR_CHECK: "true",
+            c.ENV_PREFILL_SERVICE: "demo-prefill.ns.svc.cluster.local",
+            c.ENV_PREFILL_PORT: "8000",
+            c.ENV_WARMUP_CONCURRENCY: "1",
+        },
+    )
+    asked: list[tuple[str, int]] = []
+
+    def resolver(service: str, port: int) -> list[tuple[str, int]]:
+        asked.append((service, port))
+        return [(LOOPBACK, prefill.port)]
+
+    ok, _ = run_warmup(cfg, resolver)
+    assert ok
+    assert asked == [("demo-prefill.ns.svc.cluster.local", 8000)]
+    (p_req,) = prefill.requests()
+    assert p_req["body"]["kv_transfer_params"] == PAIR_KV_PARAMS
+    assert p_req["body"]["max_tokens"] == 1 and p_req["body"]["stream"] is False
+    d_req = decode.requests()[-1]
+    assert d_req["request_id"] == p_req["request_id"]
+    assert d_req["t"] > p_req["t"]  # CLOCK_MONOTONIC is system-wide: prefill was answered first
+    assert d_req["body"]["prompt"] == p_req["body"]["prompt"]
+    expected = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [[1, 2, 3]],
+        "remote_engine_id": f"fake-engine-{prefill.port}",
+        "remote_request_id": f"prefill-{p_req['request_id']}",
+        "remote_host": "127.0.0.1",
+        "remote_port": 5600,
+        "tp_size": 1,
+    }
+    assert d_req["body"]["kv_transfer_params"] == expected
+    # the local warmup requests on decode carry no kv_transfer_params
+    assert all("kv_transfer_params" not in r["body"] for r in decode.requests()[:-1])
+
+
+def test_pair_check_waits_for_a_ready_prefill_pod(start_fake: Callable[..., Fake]) -> None:
+    prefill, decode = start_fake(), start_fake()
+    cfg = cfg_for(
+        decode.port,
+        **{c.ENV_WARMUP_PAIR_CHECK: "1", c.ENV_PREFILL_SERVICE: "p", c.ENV_WARMUP_TIMEOUT_SECONDS: "30"},
+    )
+    calls = []
+
+    def resolver(service: str, port: int) -> list[tuple[str, int]]:
+        calls.append(1)
+        return [] if len(calls) < 3 else [(LOOPBACK, prefill.port)]
+
+    ok, _ = run_warmup(cfg, resolver)
+    assert ok and len(calls) == 3
+    assert len(prefill.requests()) == 1
+
+
+def test_prefill_without_kv_transfer_params_fails_the_pair_check(start_fake: Callable[..., Fake]) -> None:
+    prefill, decode = start_fake("--fail", "no-kv-params"), start_fake()
+    cfg = cfg_for(
+        decode.port,
+        **{c.ENV_WARMUP_PAIR_CHECK: "1", c.ENV_PREFILL_SERVICE: "p", c.ENV_WARMUP_TIMEOUT_SECONDS: "1"},
+    )
+    ok, state = run_warmup(cfg, lambda s, p: [(LOOPBACK, prefill.port)])
+    assert not ok and not state.warm.is_set()
+    phase, reason = state.snapshot()
+    assert phase == "failed" and "returned no kv_transfer_params" in reason
+    assert all("kv_transfer_params" not in r["body"] for r in decode.requests())  # decode never got a pair request
+
+
+def test_a_4xx_from_local_vllm_fails_at_once(start_fake: Callable[..., Fake]) -> None:
+    fake = start_fake("--fail", "bad-request")
+    ok, state = run_warmup(cfg_for(fake.port, **{c.ENV_WARMUP_TIMEOUT_SECONDS: "600"}))
+    assert not ok
+    _, reason = state.snapshot()
+    assert "short request (16 tokens) failed: HTTP 400" in reason
+    assert len(fake.requests()) == 1
+    assert sample(state.metrics, "hpd_runtime_warmup_failed") == 1
+
+
+def test_5xx_is_retried_until_the_deadline(start_fake: Callable[..., Fake]) -> None:
+    fake = start_fake("--fail", "completions")
+    ok, state = run_warmup(cfg_for(fake.port, **{c.ENV_WARMUP_TIMEOUT_SECONDS: "1"}))
+    assert not ok
+    _, reason = state.snapshot()
+    assert reason.startswith("timed out after 1 s; last error: short request (16 tokens) failed: HTTP 500")
+    assert len(fake.requests()) >= 2
+    assert sample(state.metrics, "hpd_runtime_warmup_requests_total", kind="short", outcome="error") >= 2
+
+
+def test_disabled_warmup_is_warm_as_soon_as_health_is_ok(start_fake: Callable[..., Fake]) -> None:
+    fake = start_fake()
+    ok, state = run_warmup(cfg_for(fake.port, **{c.ENV_WARMUP_ENABLED: "false"}))
+    assert ok and state.warm.is_set()
+    assert fake.requests() == []
