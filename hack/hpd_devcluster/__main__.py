@@ -1,0 +1,66 @@
+"""`python -m hpd_devcluster up|down|env|status|build`: the local control plane for tests and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+
+from hpd_devcluster import build, cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpd_devcluster", description=__doc__)
+    parser.add_argument("--name", default=cluster.DEFAULT_NAME, help="cluster name (several can run side by side)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="build binaries if missing, start the cluster, wait until nodes are Ready")
+    p_up.add_argument("--nodes", type=int, default=4, help="number of fake GPU nodes")
+    p_up.add_argument("--gpus-per-node", type=int, default=8)
+    p_up.add_argument("--gpu-product", default="NVIDIA-H200", help="value of the nvidia.com/gpu.product label")
+    p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a Ready cluster")
+    sub.add_parser("down", help="stop every process `up` started and delete the cluster's data")
+    sub.add_parser("env", help="print `export KUBECONFIG=... PATH=...` for eval")
+    sub.add_parser("status", help="print PIDs, ports and health as JSON; exit 1 if not healthy")
+    sub.add_parser("build", help="only build/fetch the binaries into the cache")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "build":
+            bins = build.ensure_binaries()
+            print(json.dumps({k: str(v) for k, v in bins.all().items()}, indent=2))
+        elif args.command == "up":
+            t0 = time.monotonic()
+            pool = cluster.NodePool(count=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product)
+            state = cluster.up(args.name, pool, timeout=args.timeout)
+            print(f"cluster {state.name!r} ready in {time.monotonic() - t0:.1f} s: {state.server}", file=sys.stderr)
+            print(f"  kubeconfig: {state.kubeconfig}\n  logs: {state.logs}", file=sys.stderr)
+        elif args.command == "down":
+            stopped = cluster.down(args.name)
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
+        elif args.command == "env":
+            loaded = cluster.ClusterState.load(args.name)
+            if loaded is None:
+                print(f"no cluster {args.name!r}; run: python -m hpd_devcluster up", file=sys.stderr)
+                return 1
+            for key, value in cluster.env(loaded).items():
+                print(f"export {key}={shlex.quote(value)}")
+        elif args.command == "status":
+            current = cluster.ClusterState.load(args.name)
+            if current is None:
+                print(json.dumps({"name": args.name, "running": False}))
+                return 1
+            ok = cluster.healthy(current)
+            info = {"name": current.name, "healthy": ok, "server": current.server, "pids": current.pids,
+                    "ports": current.ports, "kubeconfig": str(current.kubeconfig)}  # fmt: skip
+            print(json.dumps(info, indent=2))
+            return 0 if ok else 1
+    except (build.BuildError, cluster.ClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

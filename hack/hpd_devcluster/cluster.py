@@ -1,0 +1,420 @@
+"""Start, inspect and stop a real local control plane on 127.0.0.1.
+
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok, each a child process in its own
+session, logs under `<cache>/clusters/<name>/logs/`, PIDs and ports in `state.json` so `down` (from any
+process) stops exactly what `up` started. kwok manages fake GPU nodes created here, so pods that request
+`nvidia.com/gpu` are scheduled and reach Running/Ready; pods that ask for more than a node has stay Pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpd_devcluster import build, pki
+
+DEFAULT_NAME = "default"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.244.0.0/16"
+KWOK_STORAGE_CLASS = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {"name": "kwok-volume", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+    "provisioner": "kwok.x-k8s.io/volume",
+    "reclaimPolicy": "Delete",
+    "volumeBindingMode": "Immediate",
+}
+PROCESS_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+class ClusterError(RuntimeError):
+    """A step of `up`/`down` failed; the message names the step and the log to read."""
+
+    def __init__(self, step: str, log: Path | None = None, detail: str = "") -> None:
+        tail = ""
+        if log is not None and log.exists():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        where = f"; log: {log}" if log is not None else ""
+        super().__init__(f"devcluster step {step!r} failed{where}{(': ' + detail) if detail else ''}\n{tail}".rstrip())
+        self.step = step
+        self.log = log
+
+
+@dataclass(frozen=True)
+class NodePool:
+    count: int = 4
+    gpus_per_node: int = 8
+    gpu_product: str = "NVIDIA-H200"
+    gpu_memory_mib: int = 143771
+
+
+@dataclass
+class ClusterState:
+    name: str
+    dir: str
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.dir)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def save(self) -> None:
+        (self.root / "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, name: str) -> ClusterState | None:
+        path = cluster_dir(name) / "state.json"
+        if not path.exists():
+            return None
+        return cls(**json.loads(path.read_text()))
+
+
+def cluster_dir(name: str) -> Path:
+    return build.cache_dir() / "clusters" / name
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _alive(pid: int, binary_name: str) -> bool:
+    """True if `pid` runs and is the binary we started (guards against PID reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state != "Z" and os.path.basename(cmdline) == binary_name
+
+
+def _binary_name(process: str) -> str:
+    return process
+
+
+# --- talking to the apiserver (stdlib only: this package must work before anything else is installed) ---------
+
+
+def _ssl_context(state: ClusterState, client: str = "admin") -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(state.pki / "ca.crt"))
+    ctx.load_cert_chain(str(state.pki / f"{client}.crt"), str(state.pki / f"{client}.key"))
+    return ctx
+
+
+def api(state: ClusterState, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        state.server + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, context=_ssl_context(state), timeout=timeout) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def _insecure() -> ssl.SSLContext:
+    """kcm/scheduler serve /healthz with a self-signed cert they make at start; loopback only."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _wait(step: str, check: Callable[[], bool], deadline: float, state: ClusterState, log: str | None) -> None:
+    while time.monotonic() < deadline:
+        if check():
+            return
+        for proc, pid in state.pids.items():
+            if not _alive(pid, _binary_name(proc)):
+                raise ClusterError(step, state.logs / f"{proc}.log", f"{proc} (pid {pid}) exited")
+        time.sleep(0.2)
+    raise ClusterError(step, state.logs / log if log else None, "timed out")
+
+
+# --- processes -------------------------------------------------------------------------------------------------
+
+
+def _start(state: ClusterState, process: str, argv: list[str]) -> None:
+    state.logs.mkdir(parents=True, exist_ok=True)
+    with (state.logs / f"{process}.log").open("ab") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=state.root
+        )
+    state.pids[process] = proc.pid
+    state.save()
+
+
+def _write_kubeconfigs(state: ClusterState) -> None:
+    for client in ("admin", "kcm", "scheduler", "kwok"):
+        name = "kubeconfig" if client == "admin" else f"{client}.kubeconfig"
+        (state.root / name).write_text(pki.kubeconfig(state.server, state.pki, client))
+
+
+def _node_manifest(name: str, pool: NodePool) -> dict[str, Any]:
+    resources = {
+        "cpu": "128",
+        "memory": "2Ti",
+        "pods": "110",
+        "ephemeral-storage": "2Ti",
+        GPU_RESOURCE: str(pool.gpus_per_node),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "fake-gpu-8x",
+                "type": "kwok",
+                GPU_PRODUCT_LABEL: pool.gpu_product,
+                "nvidia.com/gpu.count": str(pool.gpus_per_node),
+                "nvidia.com/gpu.memory": str(pool.gpu_memory_mib),
+            },
+        },
+        "spec": {},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "fake",
+                "kubeProxyVersion": "fake",
+            },
+            "phase": "Running",
+        },
+    }
+
+
+def _nodes_ready(state: ClusterState) -> bool:
+    try:
+        nodes = api(state, "GET", "/api/v1/nodes")["items"]
+    except (urllib.error.URLError, OSError):
+        return False
+    ready = {
+        n["metadata"]["name"]
+        for n in nodes
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+    }
+    return set(state.nodes) <= ready
+
+
+def healthy(state: ClusterState) -> bool:
+    if not all(_alive(pid, _binary_name(proc)) for proc, pid in state.pids.items()):
+        return False
+    if set(state.pids) != set(PROCESS_ORDER):
+        return False
+    return _https_ok(state.server + "/readyz", _ssl_context(state)) and _nodes_ready(state)
+
+
+def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 120.0) -> ClusterState:
+    """Bring the cluster `name` up (idempotent: a healthy running cluster is returned as is)."""
+    pool = pool or NodePool()
+    existing = ClusterState.load(name)
+    if existing is not None:
+        if healthy(existing):
+            return existing
+        down(name)
+
+    bins = build.ensure_binaries()
+    root = cluster_dir(name)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    ports = dict(zip(("etcd", "etcd_peer", "apiserver", "kcm", "scheduler"), _free_ports(5), strict=True))
+    state = ClusterState(name=name, dir=str(root), ports=ports)
+    state.save()
+    deadline = time.monotonic() + timeout
+    try:
+        _bring_up(state, bins, pool, deadline)
+    except BaseException:
+        stop(state)
+        raise
+    return state
+
+
+def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadline: float) -> None:
+    pki.generate(state.pki)
+    _write_kubeconfigs(state)
+    p, pk = state.ports, state.pki
+    etcd_url = f"http://127.0.0.1:{p['etcd']}"
+    peer_url = f"http://127.0.0.1:{p['etcd_peer']}"
+    _start(state, "etcd", [
+        str(bins.etcd), "--name=hpd", f"--data-dir={state.root / 'etcd-data'}", "--unsafe-no-fsync",
+        f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=hpd={peer_url}", "--log-level=warn",
+    ])  # fmt: skip
+    _start(state, "kube-apiserver", [
+        str(bins.kube_apiserver), f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
+        f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
+        f"--client-ca-file={pk / 'ca.crt'}", "--anonymous-auth=false", "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pk / 'sa.pub'}", f"--service-account-signing-key-file={pk / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+        "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
+    ])  # fmt: skip
+    admin_ctx = _ssl_context(state)
+    _wait("kube-apiserver /readyz", lambda: _https_ok(state.server + "/readyz", admin_ctx), deadline, state,
+          "kube-apiserver.log")  # fmt: skip
+    kcm_kc, sch_kc = state.root / "kcm.kubeconfig", state.root / "scheduler.kubeconfig"
+    _start(state, "kube-controller-manager", [
+        str(bins.kube_controller_manager), f"--kubeconfig={kcm_kc}",
+        f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
+        "--bind-address=127.0.0.1", f"--secure-port={p['kcm']}", "--leader-elect=false",
+        "--use-service-account-credentials=true", f"--service-account-private-key-file={pk / 'sa.key'}",
+        f"--root-ca-file={pk / 'ca.crt'}", f"--cluster-signing-cert-file={pk / 'ca.crt'}",
+        f"--cluster-signing-key-file={pk / 'ca.key'}", f"--requestheader-client-ca-file={pk / 'ca.crt'}",
+        "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller", "--v=1",
+    ])  # fmt: skip
+    _start(state, "kube-scheduler", [
+        str(bins.kube_scheduler), f"--kubeconfig={sch_kc}", f"--authentication-kubeconfig={sch_kc}",
+        f"--authorization-kubeconfig={sch_kc}", f"--requestheader-client-ca-file={pk / 'ca.crt'}",
+        "--bind-address=127.0.0.1", f"--secure-port={p['scheduler']}", "--leader-elect=false", "--v=1",
+    ])  # fmt: skip
+    _start(state, "kwok", [
+        str(bins.kwok), f"--config={bins.kwok_stages}", f"--kubeconfig={state.root / 'kwok.kubeconfig'}", "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+        "--manage-nodes-with-label-selector=", "--manage-single-node=",
+        f"--cidr={POD_CIDR}", "--node-ip=10.0.0.2", "--node-lease-duration-seconds=40", "--server-address=",
+    ])  # fmt: skip
+    api(state, "POST", "/apis/storage.k8s.io/v1/storageclasses", KWOK_STORAGE_CLASS)
+    state.nodes = [f"gpu-node-{i}" for i in range(pool.count)]
+    for node in state.nodes:
+        api(state, "POST", "/api/v1/nodes", _node_manifest(node, pool))
+    state.save()
+    insecure = _insecure()
+    _wait("kube-controller-manager /healthz", lambda: _https_ok(f"https://127.0.0.1:{p['kcm']}/healthz", insecure),
+          deadline, state, "kube-controller-manager.log")  # fmt: skip
+    _wait("kube-scheduler /healthz", lambda: _https_ok(f"https://127.0.0.1:{p['scheduler']}/healthz", insecure),
+          deadline, state, "kube-scheduler.log")  # fmt: skip
+    _wait("kwok nodes Ready", lambda: _nodes_ready(state), deadline, state, "kwok.log")
+    _wait("default ServiceAccount", lambda: _default_sa_exists(state), deadline, state, "kube-controller-manager.log")
+
+
+def _default_sa_exists(state: ClusterState) -> bool:
+    try:
+        api(state, "GET", "/api/v1/namespaces/default/serviceaccounts/default")
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def stop(state: ClusterState, grace: float = 10.0) -> list[str]:
+    """SIGTERM every started process (reverse start order), SIGKILL what is left after `grace`; return names."""
+    stopped = []
+    order = [p for p in reversed(PROCESS_ORDER) if p in state.pids]
+    for proc in order:
+        pid = state.pids[proc]
+        if _alive(pid, _binary_name(proc)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+            stopped.append(proc)
+    end = time.monotonic() + grace
+    for proc in order:
+        pid = state.pids[proc]
+        while _alive(pid, _binary_name(proc)) and time.monotonic() < end:
+            time.sleep(0.1)
+        if _alive(pid, _binary_name(proc)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    for proc in order:
+        pid = state.pids[proc]
+        kill_deadline = time.monotonic() + 5
+        while _alive(pid, _binary_name(proc)) and time.monotonic() < kill_deadline:
+            time.sleep(0.05)
+        if _alive(pid, _binary_name(proc)):
+            raise ClusterError(f"stop {proc}", state.logs / f"{proc}.log", f"pid {pid} survived SIGKILL")
+    return stopped
+
+
+def down(name: str = DEFAULT_NAME) -> list[str]:
+    """Stop everything `up` started for `name` and delete its data (logs are kept). Safe to call twice."""
+    state = ClusterState.load(name)
+    if state is None:
+        return []
+    stopped = stop(state)
+    shutil.rmtree(state.root / "etcd-data", ignore_errors=True)
+    (state.root / "state.json").unlink(missing_ok=True)
+    return stopped
+
+
+def env(state: ClusterState) -> dict[str, str]:
+    bins = build.binaries()
+    path = os.pathsep.join([str(bins.kubectl.parent), os.environ.get("PATH", "")])
+    return {"KUBECONFIG": str(state.kubeconfig), "PATH": path}
+
+
+def listening_ports(state: ClusterState) -> list[int]:
+    """Ports of this cluster that still accept connections on 127.0.0.1."""
+    open_ports = []
+    for port in state.ports.values():
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                open_ports.append(port)
+    return open_ports
+
+
+@contextlib.contextmanager
+def running(name: str, pool: NodePool | None = None) -> Iterator[ClusterState]:
+    """A cluster for the duration of a `with` block (used by the pytest fixture)."""
+    state = up(name, pool)
+    try:
+        yield state
+    finally:
+        down(name)

@@ -1,0 +1,58 @@
+"""Shared fixtures. The local control plane is started once per test session (and stopped at its end)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def devcluster() -> Iterator[object]:
+    """A real etcd + kube-apiserver + controller-manager + scheduler + kwok on 127.0.0.1, with fake GPU nodes.
+
+    Reuses a running cluster named by $HPD_TEST_CLUSTER (for fast local iteration); otherwise starts its own and
+    stops it at the end of the session. Binaries are built once into ~/.cache/hybrid-pd.
+    """
+    from hpd_devcluster import cluster
+
+    name = os.environ.get("HPD_TEST_CLUSTER")
+    if name:
+        state = cluster.ClusterState.load(name)
+        if state is None or not cluster.healthy(state):
+            pytest.fail(f"HPD_TEST_CLUSTER={name} is not running: python -m hpd_devcluster --name {name} up")
+        yield state
+        return
+    with cluster.running(f"pytest-{os.getpid()}") as state:
+        yield state
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(devcluster: object) -> Path:
+    return devcluster.kubeconfig  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: Path) -> object:
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture()
+def namespace(api_client: object) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
