@@ -1,0 +1,102 @@
+"""API constants: defaults and the deny-lists of flags and env the operator owns.
+
+The deny-lists are the ONE source for both the CRD's CEL rules (crdgen) and the profile's checks (profile.py),
+so a flag is rejected with the same reason by the apiserver and by `render`/the operator.
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+from typing import Final
+
+from hpd_runtime import contract
+
+# --- Defaults -----------------------------------------------------------------------------------------------------
+DEFAULT_VLLM_VERSION: Final = "0.20.0"
+DEFAULT_VLLM_IMAGE: Final = "ghcr.io/hybridpd/vllm-runtime:0.20.0"
+"""Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
+DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
+DEFAULT_BLOCK_SIZE: Final = 128
+DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
+DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = 900
+DEFAULT_WARMUP_CONCURRENCY: Final = 4
+
+# --- Size bounds (they also keep the CEL rules under the apiserver's cost budget) -----------------------------------
+MAX_EXTRA_ARGS: Final = 64
+MAX_ARG_LENGTH: Final = 1024
+MAX_ENV: Final = 64
+MAX_TENSOR_PARALLEL_SIZE: Final = 64
+MAX_REPLICAS: Final = 1024
+
+# --- Flags the operator owns or forbids in extraArgs -----------------------------------------------------------------
+# flag -> where the setting lives instead / why it is refused. vLLM's FlexibleArgumentParser also accepts
+# `--flag=value`, `--flag.key value` (JSON sub-keys) and underscores for dashes; the matcher below covers all three.
+DENIED_FLAGS: Final = MappingProxyType(
+    {
+        "--model": "set spec.model.name / spec.model.source (the --model string must be identical on both roles)",
+        "--served-model-name": "set spec.model.name",
+        "--host": "the operator binds vLLM to the pod",
+        "--port": f"vLLM listens on port {contract.VLLM_PORT} (the router and probes use it)",
+        "--tensor-parallel-size": "set spec.prefill.tensorParallelSize / spec.decode.tensorParallelSize",
+        "-tp": "set spec.prefill.tensorParallelSize / spec.decode.tensorParallelSize",
+        "--block-size": "set spec.blockSize (it must be the same on both roles)",
+        "--max-model-len": "set spec.model.maxModelLen",
+        "--dtype": "set spec.model.dtype (it must be the same on both roles)",
+        "--gpu-memory-utilization": "set spec.gpuMemoryUtilization or spec.<role>.gpuMemoryUtilization",
+        "--kv-transfer-config": "the operator writes it from spec.kvTransfer (NixlConnector, kv_producer/kv_consumer)",
+        "--enable-prefix-caching": "prefix caching must stay off for hybrid P/D (decode crashes on Mamba state)",
+        "--no-enable-prefix-caching": "the operator sets it for hybrid models",
+        "--disable-hybrid-kv-cache-manager": "the hybrid KV cache manager is required for Mamba over NIXL",
+        "--no-disable-hybrid-kv-cache-manager": "the operator sets it where the vLLM version needs it",
+        "--async-scheduling": "async scheduling races RDMA-loaded Mamba state on decode (vLLM <= 0.25)",
+        "--no-async-scheduling": "the operator sets it on decode where the vLLM version needs it",
+        "--mamba-cache-mode": "Mamba cache mode follows prefix caching, which stays off for hybrid P/D",
+        "--speculative-config": "speculative decoding is not validated with hybrid P/D (MTP crashes on transferred state)",
+        "--speculative-model": "speculative decoding is not validated with hybrid P/D",
+        "--num-speculative-tokens": "speculative decoding is not validated with hybrid P/D",
+        "--disable-log-stats": "it removes every vllm:* metric from /metrics (dashboards, alerts, autoscaling)",
+    }
+)
+"""Flags that may not appear in spec.extraArgs / spec.<role>.extraArgs, with the reason shown to the user."""
+
+SPECULATIVE_FLAGS: Final = frozenset({"--speculative-config", "--speculative-model", "--num-speculative-tokens"})
+
+OWNED_ENV: Final = MappingProxyType(
+    {
+        contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT: "the operator sets DS for hybrid models (NIXL asserts it)",
+        contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST: "the operator sets the pod IP (downward API)",
+        contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: "set spec.kvTransfer.sideChannelPort",
+        contract.ENV_POD_IP: "the operator sets it from the downward API",
+        "UCX_TLS": "set spec.kvTransfer.ucx.tls",
+        "UCX_NET_DEVICES": "set spec.kvTransfer.ucx.netDevices",
+    }
+)
+"""Env names that may not appear in spec.env (plus every `HPD_*` name, the runtime contract's namespace)."""
+OWNED_ENV_PREFIX: Final = "HPD_"
+
+
+def normalize_flag(arg: str) -> str | None:
+    """The flag an extraArgs item names (`--block_size=16` -> `--block-size`), or None for a plain value."""
+    if not arg.startswith("-") or arg in ("-", "--") or _NUMBER.match(arg):
+        return None
+    name = re.split(r"[=.]", arg, maxsplit=1)[0] if arg.startswith("--") else arg.split("=", 1)[0]
+    return name.replace("_", "-")
+
+
+_NUMBER = re.compile(r"^-\d")
+
+
+def denied_flags_regex() -> str:
+    """An RE2 regex (CEL `matches`) that matches an extraArgs item naming any DENIED_FLAGS entry."""
+    alts = []
+    for flag in sorted(DENIED_FLAGS):
+        words = flag.lstrip("-").split("-")
+        dashes = flag[: len(flag) - len(flag.lstrip("-"))]
+        alts.append(dashes + "[-_]".join(words))
+    return "^(" + "|".join(alts) + ")([=.].*)?$"
+
+
+def denied_flags_text() -> str:
+    """The deny-list as shown in messages."""
+    return ", ".join(sorted(DENIED_FLAGS))

@@ -1,0 +1,397 @@
+"""Typed spec and status of `HybridPDDeployment` (hybridpd.io/v1alpha1).
+
+camelCase in YAML, snake_case in Python. Attribute docstrings become the CRD's descriptions (crdgen), and
+`x-kubernetes-*` extras (CEL rules, preserve-unknown-fields, int-or-string) ride along in `json_schema_extra`.
+Parse once: `HybridPDDeployment.model_validate(obj)` or `HybridPDDeploymentSpec.model_validate(body["spec"])`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from hpd_operator.api import constants as c
+from hpd_runtime import contract
+
+PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+def _sub(model: type[BaseModel]) -> Any:
+    """A sub-object defaulted to `{}` in the CRD too, so the apiserver applies its nested defaults."""
+    return Field(default_factory=model, json_schema_extra={"default": {}})
+
+
+def _list() -> Any:
+    return Field(default_factory=list, json_schema_extra={"default": []})
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> Any:
+    out: dict[str, str] = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+Args = Annotated[
+    list[Annotated[str, Field(max_length=c.MAX_ARG_LENGTH)]],
+    Field(max_length=c.MAX_EXTRA_ARGS),
+]
+
+_DENIED_ARGS_RULE = _cel(
+    f"!self.exists(a, a.matches('{c.denied_flags_regex()}'))",
+    "extraArgs may not contain flags the operator owns or forbids: "
+    + c.denied_flags_text()
+    + " (set the matching spec field instead)",
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------------------
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+    """Secret name (same namespace)."""
+    key: str = Field(default="token", min_length=1, max_length=253)
+    """Key in the Secret."""
+
+
+class PvcModelSource(_Model):
+    claim_name: str = Field(min_length=1, max_length=253)
+    """PersistentVolumeClaim holding the model files (mounted read-only at /models)."""
+    path: str = Field(min_length=1, max_length=1024, pattern=r"^[^/].*$")
+    """Model directory inside the claim (relative); vLLM gets `/models/<path>` as --model."""
+
+
+class HuggingFaceModelSource(_Model):
+    repo: str | None = Field(default=None, min_length=1, max_length=253)
+    """Hugging Face repo id to load; default: spec.model.name."""
+    revision: str | None = Field(default=None, max_length=253)
+    """Branch, tag or commit (passed as --revision)."""
+    token_secret_ref: SecretKeyRef | None = None
+    """Secret with an HF token (HF_TOKEN) for gated models."""
+
+
+class ModelSource(_Model):
+    """Where the weights come from: a PVC or a Hugging Face repo (default: the repo named spec.model.name)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!(has(self.pvc) && has(self.huggingface))", "set only one of model.source.pvc and huggingface")
+            ]
+        }
+    )
+    pvc: PvcModelSource | None = None
+    huggingface: HuggingFaceModelSource | None = None
+
+
+class ModelConfigSpec(_Model):
+    """The model's config.json numbers the operator checks TP against (vLLM asserts them only at load time).
+
+    Leave unset for models in the operator's built-in table (e.g. nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8)."""
+
+    num_attention_heads: int | None = Field(default=None, ge=1)
+    """config.json `num_attention_heads`."""
+    num_key_value_heads: int | None = Field(default=None, ge=1)
+    """config.json `num_key_value_heads`."""
+    mamba_num_heads: int | None = Field(default=None, ge=1)
+    """config.json `mamba_num_heads`."""
+    mamba_n_groups: int | None = Field(default=None, ge=1)
+    """config.json `n_groups` (Mamba2 B/C groups)."""
+    hidden_size: int | None = Field(default=None, ge=1)
+    """config.json `hidden_size`."""
+    ssd_chunk_size: int | None = Field(default=None, ge=1)
+    """config.json `chunk_size` / `mamba_chunk_size`; the warmup sends prompts longer than it."""
+    hybrid_override_pattern: str | None = Field(default=None, max_length=1024, pattern=r"^[M*\-E]+$")
+    """config.json `hybrid_override_pattern` (M = Mamba2, * = attention, - = MLP, E = MoE)."""
+
+
+class ModelSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!self.name.matches('^\\\\s*$')",
+                    "spec.model.name must be a non-empty model id, e.g. nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8",
+                    ".name",
+                )
+            ]
+        }
+    )
+    name: str = Field(min_length=1, max_length=253)
+    """Served model name (clients send it as `model`); also the HF repo id unless source says otherwise."""
+    source: ModelSource | None = None
+    """Where the weights come from; default: the Hugging Face repo spec.model.name."""
+    max_model_len: int | None = Field(default=None, ge=1, le=16_777_216)
+    """--max-model-len on both roles; default: the model's own."""
+    dtype: Literal["auto", "bfloat16", "float16", "half", "float32"] = "auto"
+    """--dtype on both roles (it is part of the NIXL compatibility hash, so it is one value for both)."""
+    hybrid: Literal["auto", "mamba2", "none"] = "auto"
+    """`mamba2`: hybrid Mamba2/attention (Nemotron-H). `none`: attention only. `auto`: from config or the
+    built-in table; unknown models are treated as mamba2 (those settings are safe for attention-only models)."""
+    config: ModelConfigSpec | None = None
+    """Model config numbers for the TP checks, when the model is not in the operator's built-in table."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Roles
+# ---------------------------------------------------------------------------------------------------------------
+class ResourceRequirements(_Model):
+    """Container resources; nvidia.com/gpu is set from tensorParallelSize unless given here."""
+
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
+
+
+class RoleSpec(_Model):
+    """One engine role (prefill or decode): a Deployment of vLLM pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_cel("self.replicas >= 0", "replicas must be >= 0", ".replicas")]
+        }
+    )
+    replicas: int = Field(default=1, ge=0, le=c.MAX_REPLICAS)
+    """Number of pods."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=c.MAX_TENSOR_PARALLEL_SIZE)
+    """--tensor-parallel-size; GPUs per pod. Prefill and decode sizes must divide one another."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """--gpu-memory-utilization for this role; default: spec.gpuMemoryUtilization."""
+    resources: ResourceRequirements | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: Annotated[list[dict[str, Any]], Field(max_length=64)] | None = None
+    """Pod tolerations (core/v1 Toleration objects)."""
+    affinity: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] | None = None
+    """Pod affinity (core/v1 Affinity)."""
+    pod_template: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] | None = None
+    """Strategic overrides merged into the pod template (metadata.labels/annotations, spec fields)."""
+    extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
+    """Extra `vllm serve` arguments for this role, after spec.extraArgs."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV transfer, router, warmup, cache, monitoring
+# ---------------------------------------------------------------------------------------------------------------
+class UcxSpec(_Model):
+    tls: str | None = Field(default=None, max_length=256)
+    """UCX_TLS, e.g. `rc,ud,sm,cuda_copy,cuda_ipc`; always include cuda_copy for GPU memory."""
+    net_devices: str | None = Field(default=None, max_length=256)
+    """UCX_NET_DEVICES, e.g. `mlx5_0:1,mlx5_1:1`."""
+
+
+class KvTransferSpec(_Model):
+    side_channel_port: int = Field(default=contract.SIDE_CHANNEL_PORT_DEFAULT, ge=1024, le=65535)
+    """NIXL side-channel (ZMQ) base port, VLLM_NIXL_SIDE_CHANNEL_PORT."""
+    ucx: UcxSpec | None = None
+    """UCX transport env for NIXL."""
+    load_failure_policy: Literal["fail", "recompute"] = "fail"
+    """What decode does when a KV load fails: finish the request with an error, or recompute the prefill."""
+
+
+class RouterServiceSpec(_Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(default=c.DEFAULT_ROUTER_SERVICE_PORT, ge=1, le=65535)
+    """Service port of the endpoint."""
+
+
+class RouterSpec(_Model):
+    replicas: int = Field(default=1, ge=0, le=c.MAX_REPLICAS)
+    image: str = Field(default=c.DEFAULT_ROUTER_IMAGE, min_length=1, max_length=512)
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "consistent_hash"] = "round_robin"
+    """vllm-router load-balancing policy for both stages."""
+    service: RouterServiceSpec = _sub(RouterServiceSpec)
+    resources: ResourceRequirements | None = None
+
+
+class WarmupSpec(_Model):
+    enabled: bool = True
+    """Hold pods out of rotation (not Ready) until the kernels are warm."""
+    prompt_lengths: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=32)] = _list()
+    """Token counts of warmup prompts; empty = derived from the SSD chunk size and max model len."""
+    concurrency: int = Field(default=c.DEFAULT_WARMUP_CONCURRENCY, ge=1, le=256)
+    pair_check: bool = True
+    """Decode waits for one real prefill->decode round trip before it reports Ready."""
+    timeout_seconds: int = Field(default=c.DEFAULT_WARMUP_TIMEOUT_SECONDS, ge=1, le=86_400)
+
+
+class CacheSpec(_Model):
+    """Persistent compile/Triton cache, keyed by model x vLLM version x GPU x TP x role."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.type != 'pvc' || has(self.claimName)", "cache.claimName is required when cache.type is pvc")
+            ]
+        }
+    )
+    type: Literal["emptyDir", "pvc"] = "emptyDir"
+    claim_name: str | None = Field(default=None, min_length=1, max_length=253)
+    size_limit: Quantity | None = None
+    """emptyDir size limit."""
+
+
+class MonitoringSpec(_Model):
+    pod_monitor: bool = False
+    """Create PodMonitors (when the Prometheus Operator CRDs exist)."""
+    interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
+
+
+class EnvVar(_Model):
+    name: str = Field(min_length=1, max_length=253)
+    value: str | None = None
+    value_from: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] | None = None
+    """core/v1 EnvVarSource."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Spec
+# ---------------------------------------------------------------------------------------------------------------
+class HybridPDDeploymentSpec(_Model):
+    """Disaggregated prefill/decode vLLM serving of a hybrid Mamba2/attention model."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0"
+                    " || self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0",
+                    "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide one another"
+                    " (e.g. 4 and 2, or 2 and 2)",
+                    ".decode.tensorParallelSize",
+                ),
+                _cel(
+                    "self.blockSize % 16 == 0",
+                    "spec.blockSize must be a multiple of 16 (e.g. 128)",
+                    ".blockSize",
+                ),
+                _cel(
+                    "!self.env.exists(e, e.name.startsWith('HPD_') || e.name in "
+                    + "["
+                    + ", ".join(f"'{n}'" for n in sorted(c.OWNED_ENV))
+                    + "])",
+                    "spec.env may not set env the operator owns: HPD_*, " + ", ".join(sorted(c.OWNED_ENV)),
+                    ".env",
+                ),
+            ]
+        }
+    )
+    model: ModelSpec
+    image: str = Field(default=c.DEFAULT_VLLM_IMAGE, min_length=1, max_length=512)
+    """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime)."""
+    vllm_version: str = Field(default=c.DEFAULT_VLLM_VERSION, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", max_length=32)
+    """vLLM version inside the image; drives the version table (supported: 0.20, 0.22, 0.25, 0.33)."""
+    block_size: int = Field(default=c.DEFAULT_BLOCK_SIZE, ge=16, le=4096)
+    """--block-size on both roles (multiple of 16). vLLM raises it for hybrid models when the Mamba page needs it."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    """--gpu-memory-utilization on both roles (a role may override it)."""
+    extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
+    """Extra `vllm serve` arguments for both roles."""
+    env: Annotated[list[EnvVar], Field(max_length=c.MAX_ENV)] = _list()
+    """Extra env for both roles' vLLM containers."""
+    prefill: RoleSpec = _sub(RoleSpec)
+    decode: RoleSpec = _sub(RoleSpec)
+    kv_transfer: KvTransferSpec = _sub(KvTransferSpec)
+    router: RouterSpec = _sub(RouterSpec)
+    warmup: WarmupSpec = _sub(WarmupSpec)
+    cache: CacheSpec = _sub(CacheSpec)
+    monitoring: MonitoringSpec = _sub(MonitoringSpec)
+
+    def role(self, role: contract.Role) -> RoleSpec:
+        return self.prefill if role == "prefill" else self.decode
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Status
+# ---------------------------------------------------------------------------------------------------------------
+ConditionType = Literal[
+    "Ready",
+    "PrefillReady",
+    "DecodeReady",
+    "RouterReady",
+    "WarmedUp",
+    "HybridProfileApplied",
+    "Progressing",
+    "Degraded",
+]
+CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
+
+
+class Condition(_Model):
+    type: str = Field(max_length=64)
+    """One of Ready, PrefillReady, DecodeReady, RouterReady, WarmedUp, HybridProfileApplied, Progressing, Degraded."""
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = Field(default=None, max_length=1024)
+    message: str | None = Field(default=None, max_length=32768)
+    last_transition_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class RoleStatus(_Model):
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    summary: str | None = None
+    """`ready/desired`, e.g. 1/1 (printer columns)."""
+    selector: str | None = None
+    """Label selector of the role's pods (scale subresource)."""
+
+
+class InjectionStatus(_Model):
+    role: str | None = None
+    """prefill, decode, or unset for both."""
+    setting: str
+    value: str
+    reason: str
+
+
+class ProfileStatus(_Model):
+    vllm_version: str | None = None
+    version_row: str | None = None
+    hybrid: bool | None = None
+    injections: list[InjectionStatus] = Field(default_factory=list)
+
+
+class HybridPDDeploymentStatus(_Model):
+    observed_generation: int | None = None
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
+    conditions: Annotated[
+        list[Condition],
+        Field(json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+    ] = Field(default_factory=list)
+    prefill: RoleStatus | None = None
+    decode: RoleStatus | None = None
+    router: RoleStatus | None = None
+    endpoint: str | None = None
+    """Router Service URL, e.g. http://my-hpd.default.svc:8000."""
+    profile: ProfileStatus | None = None
+    """What the operator injected and why."""
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = "unnamed"
+    namespace: str | None = None
+
+
+class HybridPDDeployment(BaseModel):
+    """A whole CR as read from YAML (metadata is kept as-is)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    api_version: str = Field(default=f"{contract.GROUP}/{contract.VERSION}", alias="apiVersion")
+    kind: Literal["HybridPDDeployment"] = "HybridPDDeployment"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: HybridPDDeploymentSpec
+    status: HybridPDDeploymentStatus | None = None

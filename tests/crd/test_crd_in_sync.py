@@ -1,0 +1,90 @@
+"""The committed CRD is exactly what crdgen generates, and it is a structural schema Kubernetes accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpd_operator.api import crdgen
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "hybridpddeployments.hybridpd.io.yaml"
+
+
+def test_committed_crd_equals_regeneration() -> None:
+    assert CRD.read_text() == crdgen.render_crd(), "CRD is stale: run `python -m hpd_operator.api.crdgen`"
+
+
+def test_check_flag_detects_drift(tmp_path: Path) -> None:
+    stale = tmp_path / "crd.yaml"
+    stale.write_text("stale\n")
+    assert crdgen.main(["--check", "--output", str(stale)]) == 1
+    assert crdgen.main(["--check", "--output", str(CRD)]) == 0
+
+
+def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for k, v in node.get("properties", {}).items():
+            out += walk(v, f"{path}.{k}")
+        if "items" in node:
+            out += walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            out += walk(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return dict(yaml.safe_load(CRD.read_text()))
+
+
+def test_schema_is_structural(crd: dict[str, Any]) -> None:
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in walk(schema):
+        for bad in ("$ref", "anyOf", "oneOf", "allOf", "title", "$defs", "const"):
+            assert bad not in node, f"{path or '.'} has {bad}"
+        assert node.get("additionalProperties") is not False, path
+        if "exclusiveMinimum" in node:
+            assert isinstance(node["exclusiveMinimum"], bool), path
+        assert (
+            "type" in node or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+        ), f"{path} has no type"
+        if node.get("type") == "array":
+            assert "maxItems" in node or path.startswith(".status"), f"{path}: unbounded list (CEL cost)"
+
+
+def test_crd_identity_subresources_and_columns(crd: dict[str, Any]) -> None:
+    spec = crd["spec"]
+    assert spec["names"]["shortNames"] == ["hpd"] and spec["names"]["categories"] == ["all"]
+    v = spec["versions"][0]
+    assert v["subresources"]["status"] == {}
+    assert v["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.decode.replicas",
+        "statusReplicasPath": ".status.decode.replicas",
+        "labelSelectorPath": ".status.decode.selector",
+    }
+    assert [c["name"] for c in v["additionalPrinterColumns"]] == ["Ready", "Prefill", "Decode", "Endpoint", "Age"]
+
+
+def test_cel_rules_present(crd: dict[str, Any]) -> None:
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = [r["rule"] for _, n in walk(schema) for r in n.get("x-kubernetes-validations", [])]
+    text = "\n".join(rules)
+    assert "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0" in text
+    assert "self.replicas >= 0" in text
+    assert "self.name.matches" in text
+    assert "--block[-_]size" in text
+
+
+def test_defaults_reach_nested_fields(crd: dict[str, Any]) -> None:
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["decode"]["default"] == {}
+    assert spec["properties"]["decode"]["properties"]["replicas"]["default"] == 1
+    assert spec["properties"]["vllmVersion"]["default"] == "0.20.0"
+    assert spec["properties"]["kvTransfer"]["properties"]["sideChannelPort"]["default"] == 5600
+    assert spec["required"] == ["model"]

@@ -1,0 +1,342 @@
+"""The hybrid profile: version table rows, env/args per role, and every cross-role rule (fail + pass)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.errors import SpecError
+from hpd_operator.profile import KNOWN_MODELS, VERSION_TABLE, compute_profile, version_row
+
+NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
+
+
+def spec(**kw: Any) -> HybridPDDeploymentSpec:
+    obj: dict[str, Any] = {"model": {"name": NANO}}
+    for k, v in kw.items():
+        obj[k] = {**obj.get(k, {}), **v} if isinstance(v, dict) else v
+    return HybridPDDeploymentSpec.model_validate(obj)
+
+
+def rules(err: SpecError) -> set[tuple[str, str]]:
+    return {(v.field, v.rule) for v in err.violations}
+
+
+def kv_config(args: tuple[str, ...]) -> dict[str, str]:
+    return dict(json.loads(args[args.index("--kv-transfer-config") + 1]))
+
+
+# --- version table ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("version", "hma_flag", "decode_no_async", "compile_key_note", "ssd_builtin", "prefix_default_on"),
+    [
+        ("0.20.0", True, True, True, False, False),
+        ("0.22.0", False, True, False, True, False),
+        ("0.25.0", False, True, False, True, False),
+        ("0.33.0", False, False, False, True, True),
+    ],
+)
+def test_version_row(
+    version: str,
+    *,
+    hma_flag: bool,
+    decode_no_async: bool,
+    compile_key_note: bool,
+    ssd_builtin: bool,
+    prefix_default_on: bool,
+) -> None:
+    p = compute_profile(spec(vllmVersion=version))
+    row = version_row(version)
+    assert row.hetero_tp == "both"
+    assert ("--no-disable-hybrid-kv-cache-manager" in p.prefill.args) is hma_flag
+    assert ("--no-disable-hybrid-kv-cache-manager" in p.decode.args) is hma_flag
+    assert ("--no-async-scheduling" in p.decode.args) is decode_no_async
+    assert "--no-async-scheduling" not in p.prefill.args
+    assert "--no-enable-prefix-caching" in p.prefill.args and "--no-enable-prefix-caching" in p.decode.args
+    assert row.side_channel_host_in_compile_key is compile_key_note
+    host = next(i for i in p.prefill.injections if i.setting == "VLLM_NIXL_SIDE_CHANNEL_HOST")
+    assert ("compile-cache key" in host.reason) is compile_key_note
+    assert row.ssd_warmup_builtin is ssd_builtin
+    prefix = next(i for i in p.decode.injections if i.setting == "--no-enable-prefix-caching")
+    assert ("ON by default" in prefix.reason) is prefix_default_on
+    assert "kv_both" not in " ".join(p.prefill.args + p.decode.args)
+
+
+def test_version_table_has_exactly_the_supported_rows() -> None:
+    assert set(VERSION_TABLE) == {"0.20", "0.22", "0.25", "0.33"}
+
+
+@pytest.mark.parametrize(
+    ("version", "row"), [("0.20.0", "0.20"), ("0.20.2", "0.20"), ("0.33", "0.33"), ("0.25.1", "0.25")]
+)
+def test_patch_versions_map_to_their_minor_row(version: str, row: str) -> None:
+    assert version_row(version).minor == row
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.21.0", "1.0.0"])
+def test_unsupported_version_names_spec_vllm_version(version: str) -> None:
+    with pytest.raises(SpecError) as ei:
+        compute_profile(spec(vllmVersion=version))
+    assert ei.value.field == "spec.vllmVersion"
+    assert "0.20.x" in ei.value.message
+
+
+# --- env and args -------------------------------------------------------------------------------------------------
+def test_prefill_gets_kv_producer_and_decode_kv_consumer() -> None:
+    p = compute_profile(spec())
+    assert kv_config(p.prefill.args) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    assert kv_config(p.decode.args) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
+
+
+def test_load_failure_policy_only_when_not_default() -> None:
+    p = compute_profile(spec(kvTransfer={"loadFailurePolicy": "recompute"}))
+    assert kv_config(p.decode.args)["kv_load_failure_policy"] == "recompute"
+
+
+def test_side_channel_host_is_the_pod_ip_via_downward_api() -> None:
+    env = compute_profile(spec(kvTransfer={"sideChannelPort": 6100})).decode.env_k8s()
+    names = [e["name"] for e in env]
+    assert env[0] == {"name": "HPD_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    host = env[names.index("VLLM_NIXL_SIDE_CHANNEL_HOST")]
+    assert host["value"] == "$(HPD_POD_IP)"
+    assert names.index("HPD_POD_IP") < names.index("VLLM_NIXL_SIDE_CHANNEL_HOST")
+    assert env[names.index("VLLM_NIXL_SIDE_CHANNEL_PORT")]["value"] == "6100"
+
+
+def test_ds_layout_on_both_roles_for_hybrid_models() -> None:
+    p = compute_profile(spec())
+    for rp in (p.prefill, p.decode):
+        assert {"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"} in rp.env_k8s()
+
+
+def test_attention_only_model_gets_no_hybrid_settings() -> None:
+    p = compute_profile(spec(model={"name": "meta-llama/Llama-3.1-8B", "hybrid": "none"}))
+    assert not p.hybrid
+    assert "VLLM_SSM_CONV_STATE_LAYOUT" not in [e.name for e in p.prefill.env]
+    assert "--no-enable-prefix-caching" not in p.decode.args
+    assert "--no-async-scheduling" not in p.decode.args
+
+
+def test_unknown_auto_model_gets_hybrid_settings() -> None:
+    p = compute_profile(spec(model={"name": "someone/unknown-model"}))
+    assert p.hybrid and "unknown" in p.hybrid_reason
+
+
+def test_seed_args_in_order() -> None:
+    s = spec(
+        model={"maxModelLen": 8192},
+        gpuMemoryUtilization=0.85,
+        prefill={"tensorParallelSize": 2},
+        decode={"tensorParallelSize": 2},
+    )
+    args = list(compute_profile(s).decode.args)
+    assert args[:14] == [
+        "--model",
+        NANO,
+        "--served-model-name",
+        NANO,
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "2",
+        "--block-size",
+        "128",
+        "--max-model-len",
+        "8192",
+        "--dtype",
+        "auto",
+    ]
+    assert args[14:16] == ["--gpu-memory-utilization", "0.85"]
+    assert args[-3:] == ["--no-enable-prefix-caching", "--no-disable-hybrid-kv-cache-manager", "--no-async-scheduling"]
+
+
+def test_extra_args_global_then_role() -> None:
+    p = compute_profile(spec(extraArgs=["--max-num-seqs", "64"], decode={"extraArgs": ["--enforce-eager"]}))
+    assert list(p.decode.args[-3:]) == ["--max-num-seqs", "64", "--enforce-eager"]
+    assert list(p.prefill.args[-2:]) == ["--max-num-seqs", "64"]
+
+
+def test_role_gpu_memory_utilization_overrides_global() -> None:
+    p = compute_profile(spec(gpuMemoryUtilization=0.8, decode={"gpuMemoryUtilization": 0.9}))
+    assert p.decode.args[p.decode.args.index("--gpu-memory-utilization") + 1] == "0.9"
+    assert p.prefill.args[p.prefill.args.index("--gpu-memory-utilization") + 1] == "0.8"
+
+
+def test_pvc_source_gives_the_mount_path_as_model_on_both_roles() -> None:
+    s = spec(model={"name": "nano", "source": {"pvc": {"claimName": "models", "path": "nano-fp8"}}})
+    p = compute_profile(s)
+    assert p.model == "/models/nano-fp8"
+    for rp in (p.prefill, p.decode):
+        assert rp.args[:4] == ("--model", "/models/nano-fp8", "--served-model-name", "nano")
+
+
+def test_chunk_size_from_the_built_in_table_reaches_the_runtime() -> None:
+    env = {e.name: e.value for e in compute_profile(spec()).prefill.env}
+    assert env["HPD_SSD_CHUNK_SIZE"] == "128"
+    assert env["HPD_WARMUP_PAIR_CHECK"] == "false"
+    assert {e.name: e.value for e in compute_profile(spec()).decode.env}["HPD_WARMUP_PAIR_CHECK"] == "true"
+
+
+def test_user_env_comes_last() -> None:
+    p = compute_profile(spec(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]))
+    assert p.prefill.env[-1].name == "NCCL_DEBUG"
+
+
+def test_status_profile_lists_every_injection_with_a_reason() -> None:
+    st = compute_profile(spec()).status()
+    assert st["vllmVersion"] == "0.20.0" and st["versionRow"] == "0.20"
+    inj = st["injections"]
+    assert isinstance(inj, list) and inj
+    assert all(i["reason"] and i["role"] in ("prefill", "decode") for i in inj)
+
+
+def test_compute_profile_is_pure() -> None:
+    s = spec()
+    assert compute_profile(s) == compute_profile(s)
+
+
+def test_known_models_only_with_found_numbers() -> None:
+    assert NANO in KNOWN_MODELS
+    assert not any("47B" in k or "56B" in k for k in KNOWN_MODELS)
+
+
+# --- cross-role rules: one failing and one passing case each -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("bad", "good", "field", "rule"),
+    [
+        (
+            {"prefill": {"tensorParallelSize": 3}, "decode": {"tensorParallelSize": 2}, "model": {"name": "x/y"}},
+            {"prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 2}, "model": {"name": "x/y"}},
+            "spec.decode.tensorParallelSize",
+            "tp-divides",
+        ),
+        (
+            {"model": {"name": "x/y", "config": {"numAttentionHeads": 12}}, "decode": {"tensorParallelSize": 8}},
+            {"model": {"name": "x/y", "config": {"numAttentionHeads": 12}}, "decode": {"tensorParallelSize": 4}},
+            "spec.decode.tensorParallelSize",
+            "attention-heads-divisible",
+        ),
+        (
+            {
+                "model": {"name": "x/y", "config": {"numKeyValueHeads": 3}},
+                "decode": {"tensorParallelSize": 8},
+                "prefill": {"tensorParallelSize": 8},
+            },
+            {
+                "model": {"name": "x/y", "config": {"numKeyValueHeads": 2}},
+                "decode": {"tensorParallelSize": 8},
+                "prefill": {"tensorParallelSize": 8},
+            },
+            "spec.decode.tensorParallelSize",
+            "kv-heads-divisible",
+        ),
+        (
+            {
+                "model": {"name": "x/y", "config": {"mambaNumHeads": 48}},
+                "prefill": {"tensorParallelSize": 32},
+                "decode": {"tensorParallelSize": 16},
+            },
+            {
+                "model": {"name": "x/y", "config": {"mambaNumHeads": 48}},
+                "prefill": {"tensorParallelSize": 8},
+                "decode": {"tensorParallelSize": 16},
+            },
+            "spec.prefill.tensorParallelSize",
+            "mamba-heads-divisible",
+        ),
+        (
+            {"model": {"name": "x/y", "config": {"mambaNGroups": 2}}, "decode": {"tensorParallelSize": 4}},
+            {"model": {"name": "x/y", "config": {"mambaNGroups": 1}}, "decode": {"tensorParallelSize": 4}},
+            "spec.decode.tensorParallelSize",
+            "mamba-groups-divisible",
+        ),
+        (
+            {"model": {"name": "x/y", "config": {"hiddenSize": 1000}}, "decode": {"tensorParallelSize": 16}},
+            {"model": {"name": "x/y", "config": {"hiddenSize": 1000}}, "decode": {"tensorParallelSize": 8}},
+            "spec.decode.tensorParallelSize",
+            "hidden-size-divisible",
+        ),
+        ({"blockSize": 136}, {"blockSize": 144}, "spec.blockSize", "block-size-multiple-of-16"),
+        (
+            {"decode": {"extraArgs": ["--speculative-config", '{"method":"mtp"}']}},
+            {"decode": {"extraArgs": ["--max-num-seqs", "8"]}},
+            "spec.decode.extraArgs[0]",
+            "no-speculative-decoding",
+        ),
+        (
+            {"extraArgs": ["--enable-prefix-caching"]},
+            {"extraArgs": ["--enforce-eager"]},
+            "spec.extraArgs[0]",
+            "operator-owned-flag",
+        ),
+        (
+            {"prefill": {"extraArgs": ["--dtype=float16"]}},
+            {"model": {"dtype": "float16"}},
+            "spec.prefill.extraArgs[0]",
+            "operator-owned-flag",
+        ),
+        (
+            {"prefill": {"extraArgs": ["--block_size", "64"]}},
+            {"blockSize": 64},
+            "spec.prefill.extraArgs[0]",
+            "operator-owned-flag",
+        ),
+        (
+            {"decode": {"extraArgs": ["--disable-log-stats"]}},
+            {"decode": {"extraArgs": []}},
+            "spec.decode.extraArgs[0]",
+            "operator-owned-flag",
+        ),
+        (
+            {"decode": {"extraArgs": ["--kv-transfer-config.kv_role", "kv_both"]}},
+            {},
+            "spec.decode.extraArgs[1]",
+            "no-kv-both",
+        ),
+        (
+            {"env": [{"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "SD"}]},
+            {"env": [{"name": "UCX_LOG_LEVEL", "value": "info"}]},
+            "spec.env[0].name",
+            "operator-owned-env",
+        ),
+        (
+            {"env": [{"name": "HPD_ROLE", "value": "decode"}]},
+            {"env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]},
+            "spec.env[0].name",
+            "operator-owned-env",
+        ),
+    ],
+)
+def test_cross_role_rule(bad: dict[str, Any], good: dict[str, Any], field: str, rule: str) -> None:
+    with pytest.raises(SpecError) as ei:
+        compute_profile(spec(**bad))
+    assert (field, rule) in rules(ei.value), ei.value.message
+    assert field in ei.value.message
+    compute_profile(spec(**good))
+
+
+def test_heterogeneous_tp_allowed_in_both_directions_on_every_version() -> None:
+    for version in ("0.20.0", "0.22.0", "0.25.0", "0.33.0"):
+        compute_profile(spec(vllmVersion=version, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 2}))
+        compute_profile(spec(vllmVersion=version, prefill={"tensorParallelSize": 2}, decode={"tensorParallelSize": 4}))
+
+
+def test_known_model_is_checked_without_a_config_block() -> None:
+    with pytest.raises(SpecError) as ei:
+        compute_profile(spec(decode={"tensorParallelSize": 16}, prefill={"tensorParallelSize": 16}))
+    assert ("spec.decode.tensorParallelSize", "mamba-groups-divisible") in rules(ei.value)
+    assert "valid TP sizes: 1, 2, 4, 8" in ei.value.message
+
+
+def test_speculative_decoding_allowed_for_attention_only_models() -> None:
+    compute_profile(spec(model={"name": "x/y", "hybrid": "none"}, decode={"extraArgs": ["--speculative-config", "{}"]}))
+
+
+def test_all_violations_are_reported_at_once() -> None:
+    with pytest.raises(SpecError) as ei:
+        compute_profile(spec(blockSize=24, extraArgs=["--port", "9000"], env=[{"name": "HPD_X"}]))
+    assert {r for _, r in rules(ei.value)} == {"block-size-multiple-of-16", "operator-owned-flag", "operator-owned-env"}
+    assert ei.value.message.startswith("3 problems in the spec")
