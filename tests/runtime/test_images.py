@@ -97,9 +97,12 @@ def test_dockerfiles_install_through_the_shared_script() -> None:
 
 
 def _python_for_image() -> str:
-    """The vLLM image runs Python 3.12: use it when this machine has it, else the test interpreter."""
-    for candidate in ("python3.12",):
-        path = shutil.which(candidate)
+    """The vLLM image runs Python 3.12: use one when this machine has it (PATH or pyenv), else the test's own."""
+    candidates = [
+        shutil.which("python3.12"),
+        *sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.12*/bin/python3.12")),
+    ]
+    for path in candidates:
         if path and subprocess.run([path, "-c", "import venv"], capture_output=True, check=False).returncode == 0:
             return path
     return sys.executable
@@ -151,7 +154,7 @@ def test_wheel_installs_into_a_clean_venv_and_runs(runtime_venv: Path) -> None:
     out = subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd="/", check=False)
     assert out.returncode == 0, out.stderr
     assert str(runtime_venv) in out.stdout  # imported from the venv, not from the source tree
-    if shutil.which("python3.12") and _python_for_image() != sys.executable:
+    if _python_for_image() != sys.executable:
         assert out.stdout.startswith("(3, 12)")
 
 
