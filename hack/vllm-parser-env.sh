@@ -33,12 +33,13 @@ case "$VERSION" in
   *) echo "vllm-parser-env: no torch pin known for vLLM $VERSION (add it here)" >&2; exit 2 ;;
 esac
 
-# What vLLM's parser imports need, beyond torch (transformers 5.17.0 satisfies every supported wheel's range).
+# What vLLM's parser imports need, beyond torch. Each is installed with the version range the vLLM wheel itself
+# declares (its METADATA), so a newer wheel that needs a newer openai/fastapi gets it; transformers is pinned to
+# 5.17.0, inside every supported wheel's range (the parser imports transformers' config classes).
 PARSER_DEPS=(
-  numpy pydantic "transformers==5.17.0" msgspec cachetools psutil pyyaml regex requests tqdm blake3
+  numpy pydantic transformers msgspec cachetools psutil pyyaml regex requests tqdm blake3
   py-cpuinfo cloudpickle prometheus_client typing_extensions filelock safetensors einops pyzmq
-  "openai==2.8.1" "fastapi==0.121.0" "starlette==0.49.3" cbor2 gguf aiohttp openai-harmony pillow pybase64
-  uvloop partial-json-parser
+  openai fastapi starlette cbor2 gguf aiohttp openai-harmony pillow pybase64 uvloop partial-json-parser
 )
 
 start=$(date +%s)
@@ -49,7 +50,23 @@ echo "vllm-parser-env: creating $DIR (vLLM $VERSION, torch $TORCH)" >&2
 PIP=("$DIR/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" "torch==$TORCH" >&2
 "${PIP[@]}" --no-deps "vllm==$VERSION" >&2
-"${PIP[@]}" "${PARSER_DEPS[@]}" >&2
+"$DIR/bin/python" - "${PARSER_DEPS[@]}" > "$DIR/parser-requirements.txt" <<'PY'
+import importlib.metadata as md
+import re
+import sys
+
+def norm(n: str) -> str:
+    return re.split(r"[<>=!~\[ ;(]", n, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+want = {norm(n): n for n in sys.argv[1:]}
+declared = {}
+for req in md.requires("vllm") or []:
+    if "extra ==" not in req and norm(req) in want:
+        declared[norm(req)] = req
+for name, plain in want.items():
+    print("transformers==5.17.0" if name == "transformers" else declared.get(name, plain))
+PY
+"${PIP[@]}" -r "$DIR/parser-requirements.txt" >&2
 "$DIR/bin/python" -c "import torch, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 touch "$MARKER"
 echo "vllm-parser-env: done in $(( $(date +%s) - start ))s, size $(du -sh "$DIR" | cut -f1)" >&2

@@ -83,8 +83,25 @@ def test_cel_rules_present(crd: dict[str, Any]) -> None:
 
 def test_defaults_reach_nested_fields(crd: dict[str, Any]) -> None:
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["properties"]["decode"]["default"] == {}
+    assert spec["properties"]["decode"]["default"] == {"replicas": 1, "tensorParallelSize": 1, "extraArgs": []}
     assert spec["properties"]["decode"]["properties"]["replicas"]["default"] == 1
     assert spec["properties"]["vllmVersion"]["default"] == "0.20.0"
     assert spec["properties"]["kvTransfer"]["properties"]["sideChannelPort"]["default"] == 5600
     assert spec["required"] == ["model"]
+
+
+def test_cel_cases_are_rejected_by_the_operator_too() -> None:
+    """What the apiserver rejects (tests/crd/cel_cases.py), the operator's own validation rejects as well."""
+    import pydantic
+    from cel_cases import BAD_SPECS, GOOD_SPECS  # tests/crd is on sys.path (rootdir-relative, no package)
+
+    from hpd_operator.api.models import HybridPDDeploymentSpec
+    from hpd_operator.errors import SpecError
+    from hpd_operator.profile import compute_profile
+
+    for case, spec, _ in BAD_SPECS:
+        with pytest.raises((pydantic.ValidationError, SpecError)):
+            compute_profile(HybridPDDeploymentSpec.model_validate(spec))
+        assert case
+    for _, spec in GOOD_SPECS:
+        compute_profile(HybridPDDeploymentSpec.model_validate(spec))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from hpd_operator.api import constants as c
@@ -19,8 +19,10 @@ PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 def _sub(model: type[BaseModel]) -> Any:
-    """A sub-object defaulted to `{}` in the CRD too, so the apiserver applies its nested defaults."""
-    return Field(default_factory=model, json_schema_extra={"default": {}})
+    """A sub-object that is defaulted in the CRD too, with its fields' defaults spelled out (the apiserver checks
+    CEL rules against the default itself, without applying nested defaults first)."""
+    default = model().model_dump(by_alias=True, exclude_none=True, mode="json")
+    return Field(default_factory=model, json_schema_extra={"default": default})
 
 
 def _list() -> Any:
@@ -97,6 +99,12 @@ class ModelSource(_Model):
     pvc: PvcModelSource | None = None
     huggingface: HuggingFaceModelSource | None = None
 
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if self.pvc is not None and self.huggingface is not None:
+            raise ValueError("set only one of model.source.pvc and huggingface")
+        return self
+
 
 class ModelConfigSpec(_Model):
     """The model's config.json numbers the operator checks TP against (vLLM asserts them only at load time).
@@ -145,6 +153,15 @@ class ModelSpec(_Model):
     config: ModelConfigSpec | None = None
     """Model config numbers for the TP checks, when the model is not in the operator's built-in table."""
 
+    @field_validator("name")
+    @classmethod
+    def _name_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError(
+                "spec.model.name must be a non-empty model id, e.g. nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
+            )
+        return v
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Roles
@@ -161,7 +178,9 @@ class RoleSpec(_Model):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [_cel("self.replicas >= 0", "replicas must be >= 0", ".replicas")]
+            "x-kubernetes-validations": [
+                _cel("!has(self.replicas) || self.replicas >= 0", "replicas must be >= 0", ".replicas")
+            ]
         }
     )
     replicas: int = Field(default=1, ge=0, le=c.MAX_REPLICAS)
@@ -233,7 +252,10 @@ class CacheSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel("self.type != 'pvc' || has(self.claimName)", "cache.claimName is required when cache.type is pvc")
+                _cel(
+                    "!has(self.type) || self.type != 'pvc' || has(self.claimName)",
+                    "cache.claimName is required when cache.type is pvc",
+                )
             ]
         }
     )
@@ -241,6 +263,12 @@ class CacheSpec(_Model):
     claim_name: str | None = Field(default=None, min_length=1, max_length=253)
     size_limit: Quantity | None = None
     """emptyDir size limit."""
+
+    @model_validator(mode="after")
+    def _pvc_needs_claim(self) -> CacheSpec:
+        if self.type == "pvc" and self.claim_name is None:
+            raise ValueError("cache.claimName is required when cache.type is pvc")
+        return self
 
 
 class MonitoringSpec(_Model):
@@ -273,12 +301,12 @@ class HybridPDDeploymentSpec(_Model):
                     ".decode.tensorParallelSize",
                 ),
                 _cel(
-                    "self.blockSize % 16 == 0",
+                    "!has(self.blockSize) || self.blockSize % 16 == 0",
                     "spec.blockSize must be a multiple of 16 (e.g. 128)",
                     ".blockSize",
                 ),
                 _cel(
-                    "!self.env.exists(e, e.name.startsWith('HPD_') || e.name in "
+                    "!has(self.env) || !self.env.exists(e, e.name.startsWith('HPD_') || e.name in "
                     + "["
                     + ", ".join(f"'{n}'" for n in sorted(c.OWNED_ENV))
                     + "])",
