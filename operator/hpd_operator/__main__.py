@@ -1,4 +1,4 @@
-"""`python -m hpd_operator <command>`: `render` now; `run` (the kopf operator) plugs in the same way."""
+"""`python -m hpd_operator <command>`: `render` (what would be applied) and `run` (the kopf operator)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,58 @@ import sys
 from hpd_operator import render
 
 
+def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hpd_operator import settings as s
+
+    p = sub.add_parser("run", help="run the operator (cluster-wide, or only in --namespace NS ...)")
+    p.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable); default: all"
+    )
+    p.add_argument("--metrics-port", type=int, default=s.METRICS_PORT_DEFAULT, help="Prometheus port; 0 = off")
+    p.add_argument("--liveness-port", type=int, default=s.LIVENESS_PORT_DEFAULT, help="kopf /healthz port; 0 = off")
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=s.RESYNC_SECONDS_DEFAULT,
+        help="re-apply + status interval per CR (drift correction)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from hpd_operator import settings as s
+
+    s.configure(
+        s.OperatorConfig(
+            namespaces=tuple(ns.namespace),
+            metrics_port=ns.metrics_port,
+            liveness_port=ns.liveness_port,
+            resync_seconds=ns.resync_seconds,
+        )
+    )
+    from hpd_operator import handlers  # noqa: F401  (registers the handlers, reading the configured interval)
+
+    kopf.configure(verbose=ns.verbose)
+    if ns.metrics_port:
+        start_http_server(ns.metrics_port)
+    kopf.run(
+        standalone=True,
+        clusterwide=not ns.namespace,
+        namespaces=ns.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{ns.liveness_port}/healthz" if ns.liveness_port else None,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpd-operator", description="hybrid-pd-operator")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     render.add_parser(sub)
-    # A subcommand module provides add_parser(sub) that sets `func(ns) -> int` (e.g. run.add_parser for kopf).
+    add_run_parser(sub)
     return p
 
 

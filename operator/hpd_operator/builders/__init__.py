@@ -1,1 +1,64 @@
-"""hybrid-pd-operator."""
+"""Pure builders: the typed CR + its profile -> every child manifest (plain dicts).
+
+No I/O, no kopf, no client, no clock, no env: `render` prints exactly what the operator applies.
+Owner references are added by the handler (they need the live object's uid), never here.
+"""
+
+from __future__ import annotations
+
+from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.builders.common import (
+    Manifest,
+    instance_label,
+    instance_selector,
+    labels,
+    selector_labels,
+    selector_string,
+    short_name,
+)
+from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service, role_name
+from hpd_operator.builders.monitoring import build_pod_monitors
+from hpd_operator.builders.router import (
+    build_router_deployment,
+    build_router_rbac,
+    build_router_service,
+    endpoint_service_name,
+    router_name,
+)
+from hpd_operator.profile import Profile
+from hpd_runtime import contract
+
+__all__ = [
+    "Manifest",
+    "build_all",
+    "endpoint_service_name",
+    "endpoint_url",
+    "instance_label",
+    "instance_selector",
+    "labels",
+    "role_name",
+    "router_name",
+    "selector_labels",
+    "selector_string",
+    "short_name",
+]
+
+
+def build_all(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
+    """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it)."""
+    out: list[Manifest] = []
+    for role in contract.ROLES:
+        out.append(build_engine_service(cr, role))
+        out.append(build_engine_deployment(cr, profile, role))
+        pdb = build_engine_pdb(cr, role)
+        if pdb is not None:
+            out.append(pdb)
+    out += build_router_rbac(cr)
+    out.append(build_router_service(cr))
+    out.append(build_router_deployment(cr))
+    out += build_pod_monitors(cr)
+    return out
+
+
+def endpoint_url(cr_name: str, namespace: str, port: int) -> str:
+    return f"http://{endpoint_service_name(cr_name)}.{namespace}.svc:{port}"

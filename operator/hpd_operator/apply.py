@@ -1,0 +1,148 @@
+"""I/O: server-side apply of children and prune of stale ones (the only place that writes children).
+
+A fixed table of the kinds the builders make maps apiVersion/kind to REST paths, so there is no discovery round
+trip per reconcile. Every apply is `PATCH application/apply-patch+yaml` with fieldManager hybrid-pd-operator and
+force=true: a changed spec updates the child in place, and drift by someone else is overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from hpd_runtime import contract
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+
+    def base(self, namespace: str) -> str:
+        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        return f"{root}/namespaces/{namespace}/{self.plural}"
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("v1", "Service", "services"),
+    Kind("apps/v1", "Deployment", "deployments"),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    Kind("v1", "ServiceAccount", "serviceaccounts"),
+    Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
+)
+"""Every kind the builders can produce: apply and prune both walk this table."""
+_BY_KEY = {(k.api_version, k.kind): k for k in KINDS}
+
+
+def kind_of(obj: Mapping[str, Any]) -> Kind:
+    return _BY_KEY[(str(obj["apiVersion"]), str(obj["kind"]))]
+
+
+def _call(
+    api: client.ApiClient,
+    method: str,
+    path: str,
+    *,
+    query_params: list[tuple[str, str]] | None = None,
+    header_params: dict[str, str] | None = None,
+    body: Any = None,
+) -> Any:
+    """One raw REST call through the client's auth and TLS; JSON in, JSON out; ApiException on >= 400."""
+    m, url, headers, data, _ = api.param_serialize(
+        method,
+        path,
+        query_params=query_params,
+        header_params=header_params,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = api.call_api(m, url, header_params=headers, body=data)
+    raw = resp.read()  # type: ignore[no-untyped-call]
+    if not 200 <= resp.status < 300:
+        raise client.ApiException(status=resp.status, reason=resp.reason, body=raw.decode(errors="replace"))
+    return json.loads(raw) if raw else {}
+
+
+def apply(api: client.ApiClient, obj: Manifest) -> Manifest:
+    """Server-side apply one object; returns the object as stored."""
+    k = kind_of(obj)
+    md = obj["metadata"]
+    out: Manifest = _call(
+        api,
+        "PATCH",
+        f"{k.base(md['namespace'])}/{md['name']}",
+        query_params=[("fieldManager", contract.FIELD_MANAGER), ("force", "true")],
+        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+        body=json.dumps(obj),  # JSON is YAML; a str body is sent as-is
+    )
+    return out
+
+
+def list_children(
+    api: client.ApiClient, namespace: str, selector: Mapping[str, str], kinds: Iterable[Kind] = KINDS
+) -> list[Manifest]:
+    """Every object of our kinds in `namespace` carrying the selector's labels (apiVersion/kind filled in)."""
+    sel = ",".join(f"{k}={v}" for k, v in selector.items())
+    found: list[Manifest] = []
+    for k in kinds:
+        data = _call(
+            api,
+            "GET",
+            k.base(namespace),
+            query_params=[("labelSelector", sel)],
+            header_params={"Accept": "application/json"},
+        )
+        for item in data.get("items", []):
+            item["apiVersion"], item["kind"] = k.api_version, k.kind
+            found.append(item)
+    return found
+
+
+def delete(api: client.ApiClient, obj: Mapping[str, Any]) -> None:
+    k = kind_of(obj)
+    md = obj["metadata"]
+    body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    if md.get("uid"):
+        body["preconditions"] = {"uid": md["uid"]}
+    try:
+        _call(
+            api,
+            "DELETE",
+            f"{k.base(md['namespace'])}/{md['name']}",
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+        )
+    except client.ApiException as e:
+        if e.status not in (404, 409):  # already gone, or replaced by a new object of the same name
+            raise
+
+
+def key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(obj["apiVersion"]), str(obj["kind"]), str(obj["metadata"]["name"]))
+
+
+def stale(existing: Iterable[Manifest], desired: Iterable[Manifest]) -> list[Manifest]:
+    """Existing children that are not in the desired set (pure)."""
+    want = {key(d) for d in desired}
+    return [e for e in existing if key(e) not in want]
+
+
+def api_available(api: client.ApiClient, api_version: str, kind: str) -> bool:
+    """Whether the apiserver serves `kind` in `api_version` (e.g. PodMonitor only with the Prometheus Operator)."""
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    try:
+        data = _call(api, "GET", root, header_params={"Accept": "application/json"})
+    except client.ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return any(r.get("kind") == kind for r in data.get("resources", []))

@@ -1,0 +1,88 @@
+"""Names, labels and small helpers shared by the builders (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from hpd_runtime import contract
+
+MAX_NAME = 63
+"""DNS-1035 label length: Service names, label values and (for simplicity) every child name."""
+
+Manifest = dict[str, Any]
+
+
+def short_name(base: str, suffix: str = "") -> str:
+    """`<base>-<suffix>` (or `<base>`), truncated with a short hash of the full name when over 63 chars."""
+    full = f"{base}-{suffix}" if suffix else base
+    if len(full) <= MAX_NAME:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    tail = f"-{digest}-{suffix}" if suffix else f"-{digest}"
+    return base[: MAX_NAME - len(tail)].rstrip("-.") + tail
+
+
+def instance_label(cr_name: str) -> str:
+    """The `app.kubernetes.io/instance` value (a label value is at most 63 chars)."""
+    return short_name(cr_name)
+
+
+def selector_labels(cr_name: str, component: str) -> dict[str, str]:
+    """Selectors use only instance + component (they are immutable on Deployments)."""
+    return {contract.LABEL_INSTANCE: instance_label(cr_name), contract.LABEL_COMPONENT: component}
+
+
+def instance_selector(cr_name: str) -> dict[str, str]:
+    """Every child of one CR that this operator manages (used by prune)."""
+    return {contract.LABEL_INSTANCE: instance_label(cr_name), contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+
+
+def labels(cr_name: str, component: str) -> dict[str, str]:
+    out = {
+        contract.LABEL_NAME: contract.APP_NAME,
+        contract.LABEL_INSTANCE: instance_label(cr_name),
+        contract.LABEL_COMPONENT: component,
+        contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+        contract.LABEL_PART_OF: contract.APP_NAME,
+    }
+    if component in contract.ROLES:
+        out[contract.LABEL_ROLE] = component
+    return out
+
+
+def selector_string(cr_name: str, component: str) -> str:
+    """`k=v,k=v` (status.<role>.selector for the scale subresource)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(cr_name, component).items())
+
+
+def metadata(cr_name: str, namespace: str | None, name: str, component: str) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": name, "labels": labels(cr_name, component)}
+    if namespace:
+        md["namespace"] = namespace
+    return md
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Strategic-ish merge for podTemplate overrides: dicts recursively, lists of named dicts by `name`,
+    anything else replaced by the override."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = deep_merge(base[k], v) if k in base else v
+        return out
+    if (
+        isinstance(base, list)
+        and isinstance(override, list)
+        and all(isinstance(i, dict) and "name" in i for i in base + override)
+    ):
+        merged = {i["name"]: i for i in base}
+        order = [i["name"] for i in base]
+        for i in override:
+            if i["name"] in merged:
+                merged[i["name"]] = deep_merge(merged[i["name"]], i)
+            else:
+                merged[i["name"]] = i
+                order.append(i["name"])
+        return [merged[n] for n in order]
+    return override

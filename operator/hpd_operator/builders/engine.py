@@ -1,0 +1,200 @@
+"""Prefill/decode Deployments, their headless Services and PodDisruptionBudgets (pure)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
+from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata, selector_labels, short_name
+from hpd_operator.profile import Profile
+from hpd_runtime import contract
+
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER_NAME = "vllm"
+LAUNCH_COMMAND = ["python3", "-m", "hpd_runtime", "launch", "--"]
+"""The image's ENTRYPOINT, written out so the pod spec shows exactly what runs."""
+RUN_AS_USER = 1000
+"""The UID our images run as (images/*/Dockerfile `ARG UID=1000`)."""
+
+MODEL_LOAD_ALLOWANCE_SECONDS = 1800
+"""Weights download/load + torch.compile + CUDA graphs before the warmup starts (a 30B FP8 model from HF, cold)."""
+STARTUP_PERIOD_SECONDS = 10
+
+SHM_VOLUME = "dshm"
+CACHE_VOLUME = "cache"
+MODEL_VOLUME = "model"
+
+
+def role_name(cr_name: str, role: str) -> str:
+    return short_name(cr_name, role)
+
+
+def startup_failure_threshold(warmup_timeout_seconds: int) -> int:
+    """failureThreshold x period covers model load + the warmup budget."""
+    return math.ceil((warmup_timeout_seconds + MODEL_LOAD_ALLOWANCE_SECONDS) / STARTUP_PERIOD_SECONDS)
+
+
+def _resources(res: ResourceRequirements | None, tp: int) -> dict[str, Any]:
+    limits: dict[str, Any] = dict(res.limits or {}) if res else {}
+    requests: dict[str, Any] = dict(res.requests or {}) if res else {}
+    limits.setdefault(GPU_RESOURCE, tp)
+    if GPU_RESOURCE in requests:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE]
+    out: dict[str, Any] = {"limits": limits}
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": contract.PORT_NAME_RUNTIME},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
+    spec, name, ns = cr.spec, cr.metadata.name, cr.metadata.namespace
+    rs, rp = spec.role(role), profile.role(role)
+    prefill_svc = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
+    env: list[dict[str, Any]] = [
+        *rp.env_k8s(),
+        {"name": contract.ENV_INSTANCE, "value": name},
+        {"name": contract.ENV_CACHE_DIR, "value": contract.CACHE_MOUNT},
+    ]
+    if role == "decode":
+        env.append({"name": contract.ENV_PREFILL_SERVICE, "value": prefill_svc})
+    src = spec.model.source
+    hf = src.huggingface if src is not None else None
+    if hf is not None and hf.token_secret_ref is not None:
+        ref = hf.token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+
+    mounts: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "mountPath": contract.SHM_MOUNT},
+        {"name": CACHE_VOLUME, "mountPath": contract.CACHE_MOUNT},
+    ]
+    cache: dict[str, Any]
+    if spec.cache.type == "pvc" and spec.cache.claim_name:
+        cache = {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": spec.cache.claim_name}}
+    else:
+        cache = {"name": CACHE_VOLUME, "emptyDir": {}}
+        if spec.cache.size_limit is not None:
+            cache["emptyDir"]["sizeLimit"] = spec.cache.size_limit
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, cache]
+    if src is not None and src.pvc is not None:
+        volumes.append(
+            {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}}
+        )
+        mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": list(LAUNCH_COMMAND),
+        "args": list(rp.args),
+        "env": env,
+        "ports": [
+            {"name": contract.PORT_NAME_HTTP, "containerPort": contract.VLLM_PORT, "protocol": "TCP"},
+            {"name": contract.PORT_NAME_RUNTIME, "containerPort": contract.RUNTIME_PORT, "protocol": "TCP"},
+            {
+                "name": contract.PORT_NAME_SIDE_CHANNEL,
+                "containerPort": spec.kv_transfer.side_channel_port,
+                "protocol": "TCP",
+            },
+        ],
+        "resources": _resources(rs.resources, rs.tensor_parallel_size),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            contract.PATH_READYZ, STARTUP_PERIOD_SECONDS, startup_failure_threshold(spec.warmup.timeout_seconds)
+        ),
+        "readinessProbe": _probe(contract.PATH_READYZ, 5, 3),
+        "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # vLLM drains in-flight requests on SIGTERM; give it time.
+        "terminationGracePeriodSeconds": 60,
+    }
+    if rs.node_selector:
+        pod_spec["nodeSelector"] = dict(rs.node_selector)
+    if rs.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in rs.tolerations]
+    if rs.affinity:
+        pod_spec["affinity"] = dict(rs.affinity)
+    template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": pod_spec}
+    if rs.pod_template:
+        template = deep_merge(template, rs.pod_template)
+        # Our labels win: the selector and the router's discovery depend on them.
+        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(name, role)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(name, ns, role_name(name, role), role),
+        "spec": {
+            "replicas": rs.replicas,
+            "selector": {"matchLabels": selector_labels(name, role)},
+            # GPUs are the scarce resource: never surge (a surge pod would wait for GPUs that do not exist);
+            # replace one pod at a time instead.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": template,
+        },
+    }
+
+
+def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifest:
+    """Headless: DNS lists only Ready pods (publishNotReadyAddresses false); the decode pair check relies on it."""
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, ns, role_name(name, role), role),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector_labels(name, role),
+            "ports": [
+                {
+                    "name": contract.PORT_NAME_HTTP,
+                    "port": contract.VLLM_PORT,
+                    "targetPort": contract.PORT_NAME_HTTP,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": contract.PORT_NAME_SIDE_CHANNEL,
+                    "port": cr.spec.kv_transfer.side_channel_port,
+                    "targetPort": contract.PORT_NAME_SIDE_CHANNEL,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role) -> Manifest | None:
+    """One voluntary disruption at a time, only when the role has >= 2 replicas (with one, a PDB would either
+    block node drains forever or protect nothing)."""
+    if cr.spec.role(role).replicas < 2:
+        return None
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(name, ns, role_name(name, role), role),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name, role)}},
+    }

@@ -1,0 +1,165 @@
+"""The router: vllm-router in vLLM NIXL P/D mode with Kubernetes discovery, its RBAC and the `<cr>` Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.builders.common import Manifest, labels, metadata, selector_labels, short_name
+from hpd_runtime import contract
+
+CONTAINER_NAME = "router"
+COMMAND = ["vllm-router"]
+RUN_AS_USER = 1000
+
+
+def router_name(cr_name: str) -> str:
+    return short_name(cr_name, contract.COMPONENT_ROUTER)
+
+
+def endpoint_service_name(cr_name: str) -> str:
+    return short_name(cr_name)
+
+
+def _selector_args(cr_name: str, role: str) -> list[str]:
+    return [f"{k}={v}" for k, v in selector_labels(cr_name, role).items()]
+
+
+def router_args(cr: HybridPDDeployment) -> list[str]:
+    """vllm-router 0.1.17 flags (read from `vllm-router --help` of the wheel)."""
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    args = [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(contract.ROUTER_PORT),
+        "--vllm-pd-disaggregation",
+        "--kv-connector",
+        "nixl",
+        "--policy",
+        cr.spec.router.policy,
+        "--service-discovery",
+        # The parser's default is 80: always set it.
+        "--service-discovery-port",
+        str(contract.VLLM_PORT),
+        "--prefill-selector",
+        *_selector_args(name, "prefill"),
+        "--decode-selector",
+        *_selector_args(name, "decode"),
+    ]
+    if ns:
+        args += ["--service-discovery-namespace", ns]
+    args += [
+        "--prometheus-host",
+        "0.0.0.0",
+        "--prometheus-port",
+        str(contract.ROUTER_METRICS_PORT),
+        "--health-check-endpoint",
+        contract.PATH_VLLM_HEALTH,
+    ]
+    return args
+
+
+def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
+    name, ns, r = cr.metadata.name, cr.metadata.namespace, cr.spec.router
+    comp = contract.COMPONENT_ROUTER
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": r.image,
+        "command": list(COMMAND),
+        "args": router_args(cr),
+        "ports": [
+            {"name": contract.PORT_NAME_HTTP, "containerPort": contract.ROUTER_PORT, "protocol": "TCP"},
+            {
+                "name": contract.PORT_NAME_ROUTER_METRICS,
+                "containerPort": contract.ROUTER_METRICS_PORT,
+                "protocol": "TCP",
+            },
+        ],
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": contract.PORT_NAME_HTTP}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/liveness", "port": contract.PORT_NAME_HTTP},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if r.resources is not None:
+        res: dict[str, Any] = {}
+        if r.resources.limits:
+            res["limits"] = dict(r.resources.limits)
+        if r.resources.requests:
+            res["requests"] = dict(r.resources.requests)
+        container["resources"] = res
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(name, ns, router_name(name), comp),
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": selector_labels(name, comp)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels(name, comp)},
+                "spec": {
+                    "serviceAccountName": router_name(name),
+                    "containers": [container],
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": RUN_AS_USER,
+                        "runAsGroup": RUN_AS_USER,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def build_router_service(cr: HybridPDDeployment) -> Manifest:
+    name, ns, svc = cr.metadata.name, cr.metadata.namespace, cr.spec.router.service
+    comp = contract.COMPONENT_ROUTER
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, ns, endpoint_service_name(name), comp),
+        "spec": {
+            "type": svc.type,
+            "selector": selector_labels(name, comp),
+            "ports": [
+                {
+                    "name": contract.PORT_NAME_HTTP,
+                    "port": svc.port,
+                    "targetPort": contract.PORT_NAME_HTTP,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def build_router_rbac(cr: HybridPDDeployment) -> list[Manifest]:
+    """ServiceAccount + Role (get/list/watch pods: the discovery watch) + RoleBinding."""
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    comp = contract.COMPONENT_ROUTER
+    rn = router_name(name)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(name, ns, rn, comp)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(name, ns, rn, comp),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(name, ns, rn, comp),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": rn},
+            "subjects": [{"kind": "ServiceAccount", "name": rn, **({"namespace": ns} if ns else {})}],
+        },
+    ]

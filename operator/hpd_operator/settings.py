@@ -1,0 +1,69 @@
+"""All operator settings, in one place: the CLI's knobs (`OperatorConfig`) and kopf's settings (one startup handler).
+
+Decisions:
+- Standalone (no peering): the operator runs as ONE replica (chart: replicas 1, strategy Recreate, as kopf's
+  deployment doc says). Peering would need its CRD installed and buys nothing for a single replica; a second
+  operator by mistake is harmless anyway because every write is an idempotent server-side apply.
+- Ports: kopf's liveness endpoint on 8080 (/healthz; STYLE item 12), Prometheus metrics on 9090. Distinct so
+  the liveness probe never depends on the metrics server. 0 disables either (tests pick free ports).
+- Drift correction by a periodic resync (`resync_seconds`, default 10 s): a kopf timer per CR re-applies the whole
+  desired set (server-side apply: a no-op write when nothing changed), prunes, and recomputes status from the
+  observed Deployments. One code path for create/update/resume/drift; it also keeps status fresh. Chosen over
+  on.event watchers on every owned kind: less code, no event storms from Deployment status churn, and a deleted
+  or edited child is back within one interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from hpd_runtime import contract
+
+LIVENESS_PORT_DEFAULT = 8080
+METRICS_PORT_DEFAULT = 9090
+RESYNC_SECONDS_DEFAULT = 10.0
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()
+    """Empty = cluster-wide."""
+    metrics_port: int = METRICS_PORT_DEFAULT
+    liveness_port: int = LIVENESS_PORT_DEFAULT
+    resync_seconds: float = RESYNC_SECONDS_DEFAULT
+
+
+_CURRENT: list[OperatorConfig] = [OperatorConfig()]
+
+
+def configure(cfg: OperatorConfig) -> None:
+    """Set once by `run` before the handlers module is imported (the timer interval is read at import)."""
+    _CURRENT[0] = cfg
+
+
+def current() -> OperatorConfig:
+    return _CURRENT[0]
+
+
+@kopf.on.startup(id="settings")
+def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Our own annotations (not kopf.zalando.org/*) for handler progress and the last-handled spec (crate).
+    # Annotations, not status: status has a structural schema and would prune kopf's keys.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=contract.GROUP)
+    settings.persistence.finalizer = f"{contract.GROUP}/finalizer"  # never added: we register no delete handler
+    # Watches must end server-side or they can hang silently on a dead connection (kopf #698; dask's values).
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 30
+    # Only warnings from logs become Events; our Normal Events are posted explicitly (kopf.event).
+    settings.posting.level = logging.WARNING
+    # Standalone: see the module docstring.
+    settings.peering.standalone = True
+    # Transient errors: retry with backoff, not in a tight loop.
+    settings.execution.max_workers = 8
+    settings.networking.request_timeout = 60
