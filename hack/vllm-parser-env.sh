@@ -26,10 +26,11 @@ if [[ -f "$MARKER" ]]; then
   exit 0
 fi
 
+EXTRA_DEPS=()
 # torch pinned by each vLLM wheel's METADATA (shared/reference/vllm-facts.md, table at the top).
 case "$VERSION" in
   0.20.*|0.22.*|0.25.*) TORCH=2.11.0 ;;
-  0.33.*) TORCH=2.14.0 ;;
+  0.33.*) TORCH=2.14.0; EXTRA_DEPS=(xgrammar llguidance) ;;  # 0.33's serve CLI imports the structured-output backends
   *) echo "vllm-parser-env: no torch pin known for vLLM $VERSION (add it here)" >&2; exit 2 ;;
 esac
 
@@ -50,7 +51,7 @@ echo "vllm-parser-env: creating $DIR (vLLM $VERSION, torch $TORCH)" >&2
 PIP=("$DIR/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" "torch==$TORCH" >&2
 "${PIP[@]}" --no-deps "vllm==$VERSION" >&2
-"$DIR/bin/python" - "${PARSER_DEPS[@]}" > "$DIR/parser-requirements.txt" <<'PY'
+"$DIR/bin/python" - "${PARSER_DEPS[@]}" "${EXTRA_DEPS[@]}" > "$DIR/parser-requirements.txt" <<'PY'
 import importlib.metadata as md
 import re
 import sys

@@ -21,7 +21,14 @@ def main() -> int:
     platforms._current_platform = CpuPlatform()
 
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+
+    try:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ModuleNotFoundError:  # 0.33 moved the serve CLI args
+        from vllm.entrypoints.common.cli_args import (  # type: ignore[no-redef]
+            make_arg_parser,
+            validate_parsed_serve_args,
+        )
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser())
