@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +19,16 @@ from hpd_operator.render import RenderError, load_documents, render
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def engine_args(manifests: list[dict[str, Any]], role: str) -> list[str]:
+    """The vLLM args of a role, from a builder Deployment or from the profile view (before builders existed)."""
+    for m in manifests:
+        if m.get("kind") == "HybridPDProfile" and m.get("role") == role:
+            return list(m["args"])
+        if m.get("kind") == "Deployment" and m["metadata"]["name"].endswith(f"-{role}"):
+            return list(m["spec"]["template"]["spec"]["containers"][0]["args"])
+    raise AssertionError(f"no {role} engine in the output")
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -35,8 +46,8 @@ def test_every_example_renders(example: Path, capsys: pytest.CaptureFixture[str]
     code, out, err = run(["render", "-f", str(example)], capsys)
     assert code == 0, err
     docs = list(yaml.safe_load_all(out))
-    assert [d["role"] for d in docs] == ["prefill", "decode"]
-    assert all("--kv-transfer-config" in d["args"] for d in docs)
+    for role in ("prefill", "decode"):
+        assert "--kv-transfer-config" in engine_args(docs, role)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -44,13 +55,13 @@ def test_every_example_renders_as_json(example: Path, capsys: pytest.CaptureFixt
     code, out, _ = run(["render", "-f", str(example), "-o", "json"], capsys)
     assert code == 0
     doc = json.loads(out)
-    assert doc["kind"] == "List" and len(doc["items"]) == 2
+    assert doc["kind"] == "List" and len(doc["items"]) >= 2
+    assert engine_args(doc["items"], "decode")
 
 
 def test_seed_example_has_the_seed_settings(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run(["render", "-f", str(REPO / "examples" / "nemotron-3-nano.yaml")], capsys)
-    decode = list(yaml.safe_load_all(out))[1]
-    args = decode["args"]
+    args = engine_args(list(yaml.safe_load_all(out)), "decode")
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--block-size") + 1] == "128"
     assert args[args.index("--max-model-len") + 1] == "8192"
@@ -126,7 +137,7 @@ def test_stdin_and_module_entry_point() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "kind: HybridPDProfile" in proc.stdout
+    assert "--kv-transfer-config" in proc.stdout
 
 
 def test_no_cr_in_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -134,6 +145,14 @@ def test_no_cr_in_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture
     f.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     code, _, err = run(["render", "-f", str(f)], capsys)
     assert code == 1 and "no HybridPDDeployment" in err
+
+
+def test_profile_view_is_the_fallback_builder() -> None:
+    from hpd_operator.render import profile_manifests
+
+    docs = render(load_documents((REPO / "examples" / "minimal.yaml").read_text()), builder=profile_manifests)
+    assert [d["kind"] for d in docs] == ["HybridPDProfile", "HybridPDProfile"]
+    assert [d["role"] for d in docs] == ["prefill", "decode"]
 
 
 def test_dump_is_deterministic() -> None:
