@@ -3,20 +3,24 @@
 - `reconcile` (create, update of spec, resume): the whole desired set every time; an invalid spec becomes
   `Ready=False, reason=InvalidSpec` + a Warning Event naming the field + kopf.PermanentError (not retried until
   the spec changes), and nothing is applied or pruned.
-- `resync` (timer, settings.current().resync_seconds): the same converge (drift correction: an edited or deleted
-  child comes back) + fresh status from the observed Deployments. Never posts the InvalidSpec Event again.
+- the resync loop (every settings.current().resync_seconds): lists the CRs in the watched namespaces and runs the
+  same converge for each (drift correction: an edited or deleted child comes back) + fresh status from the
+  observed Deployments. Never posts the InvalidSpec Event again. It is a plain asyncio task started at startup,
+  NOT a kopf timer: kopf always puts a finalizer on objects with timers/daemons, and a finalizer would block
+  `kubectl delete` while the operator is down.
 - No finalizer: children carry owner references, so the garbage collector deletes them even when the operator is
   down; the delete handler is optional and only forgets metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
@@ -92,8 +96,34 @@ def _observe(api: client.ApiClient, namespace: str, name: str) -> dict[str, dict
     return {comp: by_name.get(names[comp]) for comp in COMPONENTS}
 
 
-def _event(body: kopf.Body, type_: str, reason: str, message: str) -> None:
-    kopf.event(body, type=type_, reason=reason, message=message)
+def _event(api: client.ApiClient, body: kopf.Body, type_: str, reason: str, message: str) -> None:
+    """A core/v1 Event on the CR (posted directly: it works the same from handlers and the resync loop)."""
+    md = body["metadata"]
+    now = datetime.datetime.now(datetime.UTC)
+    ev = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name=f"{md['name']}.", namespace=md["namespace"]),
+        involved_object=client.V1ObjectReference(
+            api_version=body.get("apiVersion"),
+            kind=body.get("kind"),
+            name=md["name"],
+            namespace=md["namespace"],
+            uid=md.get("uid"),
+            resource_version=md.get("resourceVersion"),
+        ),
+        type=type_,
+        reason=reason,
+        message=message[:1024],
+        source=client.V1EventSource(component=contract.MANAGED_BY),
+        reporting_component=contract.MANAGED_BY,
+        reporting_instance=contract.MANAGED_BY,
+        first_timestamp=now,
+        last_timestamp=now,
+        count=1,
+    )
+    try:
+        client.CoreV1Api(api).create_namespaced_event(md["namespace"], ev)
+    except client.ApiException as e:  # an Event is best effort; never fail a reconcile over it
+        metrics.API_ERRORS.labels(op="event", status=str(e.status)).inc()
 
 
 def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -108,7 +138,7 @@ def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> Non
 def _reject(api: client.ApiClient, body: kopf.Body, err: SpecError, *, post_event: bool) -> dict[str, Any]:
     md = body["metadata"]
     if post_event:
-        _event(body, "Warning", "InvalidSpec", err.message)
+        _event(api, body, "Warning", "InvalidSpec", err.message)
     observed = _observe(api, md["namespace"], md["name"])
     status = compute_status(
         name=md["name"],
@@ -158,13 +188,13 @@ def _apply_all(
             action = "updated" if changed else "unchanged"
         metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action=action).inc()
         if action != "unchanged":
-            _event(body, "Normal", action.capitalize(), f"{action} {obj['kind']} {obj['metadata']['name']}")
+            _event(api, body, "Normal", action.capitalize(), f"{action} {obj['kind']} {obj['metadata']['name']}")
         if obj["kind"] == "Deployment":
             applied[new["metadata"]["name"]] = new
     for obj in k8s.stale(existing.values(), desired):
         k8s.delete(api, obj)
         metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action="pruned").inc()
-        _event(body, "Normal", "Pruned", f"deleted {obj['kind']} {obj['metadata']['name']} (no longer desired)")
+        _event(api, body, "Normal", "Pruned", f"deleted {obj['kind']} {obj['metadata']['name']} (no longer desired)")
     names = {"prefill": role_name(name, "prefill"), "decode": role_name(name, "decode")}
     names[contract.COMPONENT_ROUTER] = router_name(name)
     return {comp: applied.get(names[comp]) for comp in COMPONENTS}, notes
@@ -197,7 +227,7 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
             observed, notes = _apply_all(api, body, cr, profile)
         except client.ApiException as e:
             metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
-            _event(body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
+            _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
             raise
         if trigger == "resync" or any(v is None for v in observed.values()):
             observed = _observe(api, md["namespace"], md["name"])
@@ -237,14 +267,55 @@ def reconcile(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
         raise _transient(e) from None
 
 
-@kopf.timer(*RESOURCE, id="resync", interval=settings.current().resync_seconds, idle=None)
-def resync(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    try:
-        converge(memo.api, body, trigger="resync")
-    except SpecError:
-        pass  # status already says InvalidSpec; the Event was posted by reconcile
-    except client.ApiException as e:
-        logger.warning(f"resync: Kubernetes API error {e.status} {e.reason}; next try in one interval")
+def _list_crs(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+    co = client.CustomObjectsApi(api)
+    if not namespaces:
+        data = cast("dict[str, Any]", co.list_cluster_custom_object(*RESOURCE))
+        return list(data.get("items", []))
+    out: list[dict[str, Any]] = []
+    for ns in namespaces:
+        page = cast(
+            "dict[str, Any]", co.list_namespaced_custom_object(contract.GROUP, contract.VERSION, ns, contract.PLURAL)
+        )
+        out += page.get("items", [])
+    return out
+
+
+def resync_once(api: client.ApiClient, logger: kopf.Logger) -> None:
+    """Converge every CR in the watched namespaces once (drift correction + fresh status)."""
+    for raw in _list_crs(api, settings.current().namespaces):
+        if raw.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        body = kopf.Body(cast("kopf.RawBody", raw))
+        try:
+            converge(api, body, trigger="resync")
+        except SpecError:
+            pass  # status already says InvalidSpec; the Event was posted by reconcile
+        except client.ApiException as e:
+            logger.warning(f"resync {raw['metadata'].get('name')}: API error {e.status} {e.reason}; retry next round")
+
+
+async def _resync_loop(api: client.ApiClient, logger: kopf.Logger) -> None:
+    interval = settings.current().resync_seconds
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(resync_once, api, logger)
+        except Exception as e:  # the loop must survive anything; the next round retries
+            metrics.API_ERRORS.labels(op="resync", status=type(e).__name__).inc()
+            logger.warning(f"resync round failed: {e!r}")
+
+
+@kopf.on.startup(id="resync")
+async def start_resync(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    memo.resync_task = asyncio.create_task(_resync_loop(memo.api, logger))
+
+
+@kopf.on.cleanup(id="resync")
+async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("resync_task")
+    if task is not None:
+        task.cancel()
 
 
 @kopf.on.delete(*RESOURCE, id="forget", optional=True)

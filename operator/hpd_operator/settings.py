@@ -6,9 +6,10 @@ Decisions:
   operator by mistake is harmless anyway because every write is an idempotent server-side apply.
 - Ports: kopf's liveness endpoint on 8080 (/healthz; STYLE item 12), Prometheus metrics on 9090. Distinct so
   the liveness probe never depends on the metrics server. 0 disables either (tests pick free ports).
-- Drift correction by a periodic resync (`resync_seconds`, default 10 s): a kopf timer per CR re-applies the whole
-  desired set (server-side apply: a no-op write when nothing changed), prunes, and recomputes status from the
-  observed Deployments. One code path for create/update/resume/drift; it also keeps status fresh. Chosen over
+- Drift correction by a periodic resync (`resync_seconds`, default 10 s): one asyncio loop (handlers.py) lists the
+  CRs and re-applies each one's whole desired set (server-side apply: a no-op write when nothing changed), prunes,
+  and recomputes status from the observed Deployments. Not a kopf timer: kopf puts a finalizer on every object
+  with a timer, and a finalizer would block `kubectl delete` while the operator is down. One code path for create/update/resume/drift; it also keeps status fresh. Chosen over
   on.event watchers on every owned kind: less code, no event storms from Deployment status churn, and a deleted
   or edited child is back within one interval.
 """

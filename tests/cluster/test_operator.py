@@ -1,0 +1,484 @@
+"""The operator against the REAL local control plane (kube-apiserver 1.35 + controller-manager + scheduler + kwok
+GPU nodes). The operator runs as a subprocess (`python -m hpd_operator run --namespace NS`), its log printed on
+failure. Every wait has a deadline; nothing connects to a pod or node IP."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from hpd_devcluster.testing import wait_for
+from hpd_operator.render import render
+from hpd_runtime import contract
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "hybridpddeployments.hybridpd.io.yaml"
+SEED = REPO / "examples" / "nemotron-3-nano.yaml"
+G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
+RESYNC = "1.5"
+T = 45  # seconds: the deadline of one wait
+
+
+def kubectl_bin() -> str:
+    from hpd_devcluster.build import binaries
+
+    return str(binaries().kubectl)
+
+
+def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [kubectl_bin(), *args],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="session")
+def crd(kubeconfig: Path) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=30s", "crd/hybridpddeployments.hybridpd.io")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Operator:
+    """`python -m hpd_operator run --namespace NS` as a subprocess; start/stop/kill at will."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+
+    def start(self) -> None:
+        self.metrics_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("ab") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hpd_operator", "run", "--namespace", self.namespace, "--liveness-port", "0",
+                 "--metrics-port", str(self.metrics_port), "--resync-seconds", RESYNC],
+                env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+            )  # fmt: skip
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture()
+def operator(
+    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Operator]:
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+def seed(name: str = "nemotron-3-nano") -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(SEED.read_text())
+    doc["metadata"]["name"] = name
+    return doc
+
+
+def create(api: client.ApiClient, ns: str, doc: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, ns, P, doc)
+
+
+def get_cr(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(G, V, ns, P, name)
+    return out
+
+
+def patch_spec(api: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
+
+
+def cond(cr: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for c in (cr.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return dict(c)
+    return {}
+
+
+def deployment(api: client.ApiClient, ns: str, name: str) -> client.V1Deployment:
+    return client.AppsV1Api(api).read_namespaced_deployment(name, ns)
+
+
+def container_of(dep: client.V1Deployment) -> client.V1Container:
+    return dep.spec.template.spec.containers[0]
+
+
+def env_of(c: client.V1Container) -> dict[str, Any]:
+    return {e.name: (e.value if e.value_from is None else e.value_from) for e in c.env}
+
+
+def arg(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
+    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    pol = client.PolicyV1Api(api)
+    listers: dict[str, Callable[..., Any]] = {
+        "Deployment": apps.list_namespaced_deployment,
+        "Service": core.list_namespaced_service,
+        "ServiceAccount": core.list_namespaced_service_account,
+        "Role": rbac.list_namespaced_role,
+        "RoleBinding": rbac.list_namespaced_role_binding,
+        "PodDisruptionBudget": pol.list_namespaced_pod_disruption_budget,
+    }
+    return {k: sorted(o.metadata.name for o in f(ns, label_selector=sel).items) for k, f in listers.items()}
+
+
+EXPECTED = {
+    "Deployment": ["{n}-decode", "{n}-prefill", "{n}-router"],
+    "Service": ["{n}", "{n}-decode", "{n}-prefill"],
+    "ServiceAccount": ["{n}-router"],
+    "Role": ["{n}-router"],
+    "RoleBinding": ["{n}-router"],
+    "PodDisruptionBudget": [],
+}
+
+
+def expected(name: str, **extra: list[str]) -> dict[str, list[str]]:
+    out = {k: sorted(x.format(n=name) for x in v) for k, v in EXPECTED.items()}
+    for k, v in extra.items():
+        out[k] = sorted(x.format(n=name) for x in v)
+    return out
+
+
+def wait_cr(
+    api: client.ApiClient, ns: str, name: str, pred: Callable[[dict[str, Any]], bool], what: str, *, timeout: float = T
+) -> dict[str, Any]:
+    """Poll the CR until `pred(cr)`; returns that CR."""
+
+    def check() -> dict[str, Any] | None:
+        cr = get_cr(api, ns, name)
+        return cr if pred(cr) else None
+
+    return wait_for(check, timeout, what=what)
+
+
+def wait_ready(api: client.ApiClient, ns: str, name: str, want: str = "True", timeout: float = T) -> dict[str, Any]:
+    return wait_cr(
+        api, ns, name, lambda c: cond(c, "Ready").get("status") == want, f"{name} Ready={want}", timeout=timeout
+    )
+
+
+# --- tests ---------------------------------------------------------------------------------------------------
+def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_ready(
+    operator: Operator, api_client: client.ApiClient, namespace: str, kubeconfig: Path
+) -> None:
+    ns, name = namespace, "nemotron-3-nano"
+    create(api_client, ns, seed(name))
+    cr = wait_ready(api_client, ns, name)
+    assert children(api_client, ns, name) == expected(name)
+    st = cr["status"]
+    assert st["observedGeneration"] == cr["metadata"]["generation"]
+    assert st["phase"] == "Ready"
+    assert st["endpoint"] == f"http://{name}.{ns}.svc:8000"
+    assert st["prefill"]["summary"] == "1/1" and st["decode"]["summary"] == "1/1"
+    assert st["decode"]["selector"] == f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}=decode"
+    for ctype in ("PrefillReady", "DecodeReady", "RouterReady", "WarmedUp", "HybridProfileApplied"):
+        assert cond(cr, ctype)["status"] == "True", ctype
+    assert cond(cr, "Progressing")["status"] == "False" and cond(cr, "Degraded")["status"] == "False"
+    assert any(i["setting"] == "--no-async-scheduling" for i in st["profile"]["injections"])
+
+    for role in contract.ROLES:
+        dep = deployment(api_client, ns, f"{name}-{role}")
+        c = container_of(dep)
+        args, env = list(c.args), env_of(c)
+        assert c.command == ["python3", "-m", "hpd_runtime", "launch", "--"]
+        kv = json.loads(arg(args, "--kv-transfer-config"))
+        assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+        assert arg(args, "--tensor-parallel-size") == "2"
+        assert arg(args, "--block-size") == "128"
+        assert arg(args, "--model") == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
+        assert arg(args, "--max-model-len") == "8192"
+        assert "--no-enable-prefix-caching" in args
+        assert "--no-disable-hybrid-kv-cache-manager" in args
+        assert ("--no-async-scheduling" in args) == (role == "decode")
+        assert env[contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT] == "DS"
+        assert env[contract.ENV_POD_IP].field_ref.field_path == "status.podIP"
+        assert env[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST] == f"$({contract.ENV_POD_IP})"
+        names = [e.name for e in c.env]
+        assert names.index(contract.ENV_POD_IP) < names.index(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST)
+        assert env[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT] == "5600"
+        assert env[contract.ENV_ROLE] == role
+        assert env[contract.ENV_WARMUP_PAIR_CHECK] == ("true" if role == "decode" else "false")
+        if role == "decode":
+            assert env[contract.ENV_PREFILL_SERVICE] == f"{name}-prefill.{ns}.svc"
+        assert c.resources.limits["nvidia.com/gpu"] == "2"
+        assert c.readiness_probe.http_get.path == contract.PATH_READYZ
+        assert c.liveness_probe.http_get.path == contract.PATH_LIVEZ
+        sp = c.startup_probe
+        assert sp.failure_threshold * sp.period_seconds >= 900 + 1800
+        assert {p.name: p.container_port for p in c.ports} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
+        pod_spec = dep.spec.template.spec
+        assert pod_spec.security_context.run_as_non_root is True and pod_spec.security_context.run_as_user == 1000
+        assert c.security_context.allow_privilege_escalation is False
+        vols = {v.name: v for v in pod_spec.volumes}
+        assert vols["dshm"].empty_dir.medium == "Memory"
+        assert {m.mount_path for m in c.volume_mounts} >= {contract.CACHE_MOUNT, contract.SHM_MOUNT}
+        assert dep.spec.strategy.rolling_update.max_surge == 0
+        assert dep.metadata.owner_references[0].uid == cr["metadata"]["uid"]
+        assert dep.metadata.owner_references[0].controller is True
+
+    svc = client.CoreV1Api(api_client).read_namespaced_service(f"{name}-prefill", ns)
+    assert svc.spec.cluster_ip == "None" and not svc.spec.publish_not_ready_addresses
+
+    # pods scheduled onto the kwok GPU nodes
+    pods = client.CoreV1Api(api_client).list_namespaced_pod(ns, label_selector=f"{contract.LABEL_INSTANCE}={name}")
+    nodes = {n.metadata.name: n for n in client.CoreV1Api(api_client).list_node().items}
+    engine_pods = [p for p in pods.items if p.metadata.labels.get(contract.LABEL_COMPONENT) in contract.ROLES]
+    assert len(engine_pods) == 2
+    for p in engine_pods:
+        assert p.spec.node_name in nodes
+        assert nodes[p.spec.node_name].metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
+
+    # router: NIXL P/D mode, discovery by instance+component in this namespace, metrics on 0.0.0.0
+    r = container_of(deployment(api_client, ns, f"{name}-router"))
+    rargs = list(r.args)
+    assert "--vllm-pd-disaggregation" in rargs and "--service-discovery" in rargs
+    assert arg(rargs, "--service-discovery-port") == "8000"
+    assert arg(rargs, "--service-discovery-namespace") == ns
+    i = rargs.index("--prefill-selector")
+    assert rargs[i + 1 : i + 3] == [f"{contract.LABEL_INSTANCE}={name}", f"{contract.LABEL_COMPONENT}=prefill"]
+    assert arg(rargs, "--prometheus-host") == "0.0.0.0"
+    sa = f"system:serviceaccount:{ns}:{name}-router"
+    for verb in ("get", "list", "watch"):
+        assert (
+            kubectl(kubeconfig, "auth", "can-i", verb, "pods", "-n", ns, "--as", sa, check=False).stdout.strip()
+            == "yes"
+        )
+    assert (
+        kubectl(kubeconfig, "auth", "can-i", "delete", "pods", "-n", ns, "--as", sa, check=False).stdout.strip() == "no"
+    )
+
+    # render prints exactly what was applied (the fields we set)
+    doc = seed(name)
+    doc["metadata"]["namespace"] = ns
+    for m in render([doc]):
+        kind, mname = m["kind"], m["metadata"]["name"]
+        live = kubectl(kubeconfig, "get", "-n", ns, f"{kind.lower()}/{mname}", "-o", "json").stdout
+        assert_subset(m, json.loads(live), f"{kind}/{mname}")
+
+    # Events and operator metrics
+    events = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+    assert any(e.reason == "Created" and "Deployment" in e.message for e in events.items)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+    assert "hpd_operator_reconciles_total" in text and 'hpd_operator_crs{phase="Ready"} 1.0' in text
+
+
+def assert_subset(want: Any, got: Any, where: str) -> None:
+    if isinstance(want, dict):
+        assert isinstance(got, dict), where
+        for k, v in want.items():
+            if k not in got and v in (False, None, 0, "", [], {}):
+                continue  # omitempty: the apiserver drops zero values
+            assert k in got, f"{where}.{k} missing"
+            assert_subset(v, got[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), f"{where}: {got!r} != {want!r}"
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            assert_subset(a, b, f"{where}[{i}]")
+    else:
+        assert want == got or str(want) == str(got), f"{where}: {got!r} != {want!r}"
+
+
+def test_ready_only_when_every_role_is_ready(operator: Operator, api_client: client.ApiClient, namespace: str) -> None:
+    ns, name = namespace, "pending"
+    doc = seed(name)
+    doc["spec"]["decode"]["nodeSelector"] = {"example.com/no-such-node": "true"}
+    create(api_client, ns, doc)
+    cr = wait_cr(api_client, ns, name, lambda c: cond(c, "PrefillReady").get("status") == "True", "prefill ready")
+    assert cond(cr, "Ready")["status"] == "False"
+    assert cond(cr, "DecodeReady")["status"] == "False"
+    assert cr["status"]["decode"]["summary"] == "0/1"
+    assert cr["status"]["phase"] == "Progressing"
+    patch_spec(api_client, ns, name, {"decode": {"nodeSelector": None}})
+    wait_ready(api_client, ns, name)
+
+
+def test_update_in_place_prune_and_kubectl_scale(
+    operator: Operator, api_client: client.ApiClient, namespace: str, kubeconfig: Path
+) -> None:
+    ns, name = namespace, "upd"
+    create(api_client, ns, seed(name))
+    wait_ready(api_client, ns, name)
+    uids = {r: deployment(api_client, ns, f"{name}-{r}").metadata.uid for r in (*contract.ROLES, "router")}
+    patch_spec(
+        api_client,
+        ns,
+        name,
+        {
+            "image": "example.com/vllm:new",
+            "prefill": {"tensorParallelSize": 4, "extraArgs": ["--max-num-seqs", "64"]},
+            "decode": {"replicas": 2},
+        },
+    )
+
+    def updated() -> bool:
+        p = container_of(deployment(api_client, ns, f"{name}-prefill"))
+        d = deployment(api_client, ns, f"{name}-decode")
+        return (
+            arg(list(p.args), "--tensor-parallel-size") == "4"
+            and p.resources.limits["nvidia.com/gpu"] == "4"
+            and p.args[-2:] == ["--max-num-seqs", "64"]
+            and p.image == "example.com/vllm:new"
+            and d.spec.replicas == 2
+        )
+
+    wait_for(updated, T, what="children updated")
+    # decode at 2 replicas gets a PDB; same objects (UIDs), no duplicates
+    wait_for(
+        lambda: children(api_client, ns, name) == expected(name, PodDisruptionBudget=["{n}-decode"]), T, what="pdb"
+    )
+    assert {r: deployment(api_client, ns, f"{name}-{r}").metadata.uid for r in uids} == uids
+    wait_ready(api_client, ns, name)
+
+    # kubectl scale on the CR scales decode; back to 1 prunes the PDB
+    kubectl(kubeconfig, "-n", ns, "scale", f"hpd/{name}", "--replicas=3")
+    wait_for(lambda: deployment(api_client, ns, f"{name}-decode").spec.replicas == 3, T, what="decode scaled to 3")
+    cr = wait_cr(api_client, ns, name, lambda c: c["status"]["decode"]["summary"] == "3/3", "status 3/3")
+    scale = json.loads(kubectl(kubeconfig, "-n", ns, "get", "--raw",
+                               f"/apis/{G}/{V}/namespaces/{ns}/{P}/{name}/scale").stdout)  # fmt: skip
+    assert scale["status"]["replicas"] == 3 and "component=decode" in scale["status"]["selector"]
+    assert cr["spec"]["decode"]["replicas"] == 3
+    kubectl(kubeconfig, "-n", ns, "scale", f"hpd/{name}", "--replicas=1")
+    wait_for(lambda: children(api_client, ns, name) == expected(name), T, what="PDB pruned")
+    events = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+    assert any(e.reason == "Pruned" for e in events.items)
+    assert any(e.reason == "Updated" for e in events.items)
+
+
+def test_edited_or_deleted_child_is_corrected(operator: Operator, api_client: client.ApiClient, namespace: str) -> None:
+    ns, name = namespace, "drift"
+    create(api_client, ns, seed(name))
+    wait_ready(api_client, ns, name)
+    apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
+    dep = deployment(api_client, ns, f"{name}-decode")
+    body = copy.deepcopy(dep)
+    body.spec.template.spec.containers[0].args = ["--model", "tampered"]
+    body.spec.replicas = 5
+    apps.replace_namespaced_deployment(f"{name}-decode", ns, body)
+    core.delete_namespaced_service(f"{name}-prefill", ns)
+
+    def fixed() -> bool:
+        d = deployment(api_client, ns, f"{name}-decode")
+        svc = core.read_namespaced_service(f"{name}-prefill", ns)
+        return "--kv-transfer-config" in d.spec.template.spec.containers[0].args and d.spec.replicas == 1 and bool(svc)
+
+    wait_for(fixed, T, what="drift corrected")
+    assert deployment(api_client, ns, f"{name}-decode").metadata.uid == dep.metadata.uid
+    wait_ready(api_client, ns, name)
+
+
+def test_invalid_spec_is_rejected_with_a_condition_and_an_event_and_touches_nothing(
+    operator: Operator, api_client: client.ApiClient, namespace: str
+) -> None:
+    ns = namespace
+    bad = seed("bad")
+    bad["spec"]["prefill"]["tensorParallelSize"] = 3  # CEL: 3 and 3 divide; the profile: 32 heads % 3 != 0
+    bad["spec"]["decode"]["tensorParallelSize"] = 3
+    create(api_client, ns, bad)
+    cr = wait_ready(api_client, ns, "bad", want="False")
+    wait_for(lambda: cond(get_cr(api_client, ns, "bad"), "Ready").get("reason") == "InvalidSpec", T, what="reason")
+    cr = get_cr(api_client, ns, "bad")
+    assert "spec.prefill.tensorParallelSize" in cond(cr, "Ready")["message"]
+    assert cr["status"]["phase"] == "Failed"
+
+    def event() -> bool:
+        evs = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector="involvedObject.name=bad").items
+        return any(e.type == "Warning" and e.reason == "InvalidSpec" and "tensorParallelSize" in e.message for e in evs)
+
+    wait_for(event, T, what="InvalidSpec Event")
+    assert children(api_client, ns, "bad") == {k: [] for k in EXPECTED}
+
+    # a valid CR updated to an invalid spec: the old children stay exactly as they were
+    create(api_client, ns, seed("good"))
+    wait_ready(api_client, ns, "good")
+    before = {r: deployment(api_client, ns, f"good-{r}") for r in contract.ROLES}
+    patch_spec(api_client, ns, "good", {"decode": {"tensorParallelSize": 3}, "prefill": {"tensorParallelSize": 3}})
+    wait_for(lambda: cond(get_cr(api_client, ns, "good"), "Ready").get("reason") == "InvalidSpec", T, what="invalid")
+    cr = wait_cr(
+        api_client,
+        ns,
+        "good",
+        lambda c: c["status"].get("observedGeneration") == c["metadata"]["generation"],
+        "observed",
+    )
+    assert cond(cr, "HybridProfileApplied")["reason"] == "InvalidSpec"
+    for r in contract.ROLES:
+        after = deployment(api_client, ns, f"good-{r}")
+        assert after.metadata.uid == before[r].metadata.uid
+        assert after.metadata.generation == before[r].metadata.generation
+        assert arg(list(container_of(after).args), "--tensor-parallel-size") == "2"
+    assert children(api_client, ns, "good") == expected("good")
+
+
+def test_deleting_the_cr_garbage_collects_children_even_with_the_operator_stopped(
+    operator: Operator, api_client: client.ApiClient, namespace: str
+) -> None:
+    ns, name = namespace, "gone"
+    create(api_client, ns, seed(name))
+    wait_ready(api_client, ns, name)
+    operator.stop()
+    client.CustomObjectsApi(api_client).delete_namespaced_custom_object(G, V, ns, P, name)
+    empty = {k: [] for k in EXPECTED}
+    wait_for(lambda: children(api_client, ns, name) == empty, 60, what="children garbage-collected")
+
+
+def test_operator_killed_mid_reconcile_converges_without_orphans(
+    operator: Operator, api_client: client.ApiClient, namespace: str
+) -> None:
+    ns, name = namespace, "killed"
+    create(api_client, ns, seed(name))
+    # SIGKILL as soon as the first child exists (the rest of the set is being applied)
+    wait_for(lambda: any(children(api_client, ns, name).values()), T, interval=0.02, what="first child")
+    operator.stop(signal.SIGKILL)
+    operator.start()
+    wait_ready(api_client, ns, name)
+    assert children(api_client, ns, name) == expected(name)
+    rs = client.AppsV1Api(api_client).list_namespaced_replica_set(ns).items
+    assert len([r for r in rs if (r.spec.replicas or 0) > 0]) == 3
