@@ -1,0 +1,214 @@
+"""Pure builders: the typed CR + profile -> manifests (dicts). No cluster."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.builders import build_all, short_name
+from hpd_operator.builders.engine import MODEL_LOAD_ALLOWANCE_SECONDS, startup_failure_threshold
+from hpd_operator.profile import compute_profile
+from hpd_runtime import contract
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = REPO / "examples" / "nemotron-3-nano.yaml"
+
+
+def cr_from(doc: dict[str, Any], namespace: str = "ns1") -> HybridPDDeployment:
+    doc = json.loads(json.dumps(doc))
+    doc["metadata"]["namespace"] = namespace
+    return HybridPDDeployment.model_validate(doc)
+
+
+def seed_doc() -> dict[str, Any]:
+    out: dict[str, Any] = yaml.safe_load(SEED.read_text())
+    return out
+
+
+def build(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    cr = cr_from(doc)
+    return build_all(cr, compute_profile(cr.spec))
+
+
+def by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    [o] = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    return o
+
+
+def container(dep: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def env(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_seed_builds_the_full_child_set() -> None:
+    objs = build(seed_doc())
+    n = "nemotron-3-nano"
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objs) == sorted(
+        [
+            ("Service", f"{n}-prefill"),
+            ("Deployment", f"{n}-prefill"),
+            ("Service", f"{n}-decode"),
+            ("Deployment", f"{n}-decode"),
+            ("ServiceAccount", f"{n}-router"),
+            ("Role", f"{n}-router"),
+            ("RoleBinding", f"{n}-router"),
+            ("Service", n),
+            ("Deployment", f"{n}-router"),
+        ]
+    )
+    for o in objs:
+        assert o["metadata"]["namespace"] == "ns1"
+        assert o["metadata"]["labels"][contract.LABEL_MANAGED_BY] == contract.MANAGED_BY
+        assert len(o["metadata"]["name"]) <= 63
+
+
+def test_decode_gets_kv_consumer_role_and_no_async_scheduling() -> None:
+    objs = build(seed_doc())
+    d = container(by(objs, "Deployment", "nemotron-3-nano-decode"))
+    p = container(by(objs, "Deployment", "nemotron-3-nano-prefill"))
+    kv = lambda c: json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])  # noqa: E731
+    assert kv(d)["kv_role"] == "kv_consumer" and kv(p)["kv_role"] == "kv_producer"
+    assert "--no-async-scheduling" in d["args"] and "--no-async-scheduling" not in p["args"]
+    assert env(d)[contract.ENV_PREFILL_SERVICE] == "nemotron-3-nano-prefill.ns1.svc"
+    assert contract.ENV_PREFILL_SERVICE not in env(p)
+
+
+def test_engine_pod_contract() -> None:
+    dep = by(build(seed_doc()), "Deployment", "nemotron-3-nano-prefill")
+    c = container(dep)
+    assert c["command"] == ["python3", "-m", "hpd_runtime", "launch", "--"]
+    assert c["args"][:2] == ["--model", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    e = env(c)
+    assert e[contract.ENV_POD_IP] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert e[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST] == "$(HPD_POD_IP)"
+    assert e[contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT] == "DS"
+    assert e[contract.ENV_CACHE_DIR] == contract.CACHE_MOUNT
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "runtime"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
+    sp = c["startupProbe"]
+    assert sp["failureThreshold"] * sp["periodSeconds"] >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert vols["cache"] == {"name": "cache", "emptyDir": {}}
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert dep["spec"]["selector"]["matchLabels"] == {
+        contract.LABEL_INSTANCE: "nemotron-3-nano",
+        contract.LABEL_COMPONENT: "prefill",
+    }
+    assert dep["spec"]["template"]["metadata"]["labels"][contract.LABEL_ROLE] == "prefill"
+
+
+def test_startup_probe_covers_load_and_warmup() -> None:
+    assert startup_failure_threshold(900) * 10 >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS
+    assert startup_failure_threshold(1) >= 1
+
+
+def test_pvc_model_hf_token_pvc_cache_and_user_pod_settings() -> None:
+    doc = seed_doc()
+    doc["spec"]["model"]["source"] = {"pvc": {"claimName": "weights", "path": "nano"}}
+    doc["spec"]["cache"] = {"type": "pvc", "claimName": "cc"}
+    doc["spec"]["decode"]["nodeSelector"] = {"pool": "gpu"}
+    doc["spec"]["decode"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    doc["spec"]["decode"]["resources"] = {"limits": {"memory": "64Gi"}}
+    doc["spec"]["decode"]["podTemplate"] = {
+        "metadata": {"annotations": {"a": "b"}, "labels": {contract.LABEL_INSTANCE: "hijack", "x": "y"}},
+        "spec": {"priorityClassName": "high", "containers": [{"name": "vllm", "imagePullPolicy": "Always"}]},
+    }
+    dep = by(build(doc), "Deployment", "nemotron-3-nano-decode")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    assert vols["cache"]["persistentVolumeClaim"] == {"claimName": "cc"}
+    assert c["args"][1] == "/models/nano"
+    assert pod["nodeSelector"] == {"pool": "gpu"} and pod["tolerations"][0]["key"] == "gpu"
+    assert c["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 2}
+    assert pod["priorityClassName"] == "high" and c["imagePullPolicy"] == "Always"
+    assert c["args"] and c["env"]  # merge by name kept our container
+    md = dep["spec"]["template"]["metadata"]
+    assert md["annotations"] == {"a": "b"}
+    assert md["labels"][contract.LABEL_INSTANCE] == "nemotron-3-nano" and md["labels"]["x"] == "y"
+
+    doc = seed_doc()
+    doc["spec"]["model"]["source"] = {"huggingface": {"tokenSecretRef": {"name": "hf"}}}
+    c = container(by(build(doc), "Deployment", "nemotron-3-nano-prefill"))
+    assert env(c)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+
+def test_router_runs_nixl_pd_with_kubernetes_discovery() -> None:
+    objs = build(seed_doc())
+    dep = by(objs, "Deployment", "nemotron-3-nano-router")
+    c = container(dep)
+    a = c["args"]
+    assert c["command"] == ["vllm-router"]
+    assert "--vllm-pd-disaggregation" in a and "--service-discovery" in a
+    assert a[a.index("--kv-connector") + 1] == "nixl"
+    assert a[a.index("--service-discovery-port") + 1] == "8000"
+    assert a[a.index("--service-discovery-namespace") + 1] == "ns1"
+    i = a.index("--decode-selector")
+    assert a[i + 1 : i + 3] == ["app.kubernetes.io/instance=nemotron-3-nano", "app.kubernetes.io/component=decode"]
+    assert a[a.index("--prometheus-host") + 1] == "0.0.0.0"
+    assert a[a.index("--host") + 1] == "0.0.0.0"
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "nemotron-3-nano-router"
+    role = by(objs, "Role", "nemotron-3-nano-router")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    rb = by(objs, "RoleBinding", "nemotron-3-nano-router")
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "nemotron-3-nano-router", "namespace": "ns1"}]
+    svc = by(objs, "Service", "nemotron-3-nano")
+    assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["ports"][0]["port"] == 8000
+
+
+def test_headless_services_list_only_ready_pods() -> None:
+    svc = by(build(seed_doc()), "Service", "nemotron-3-nano-decode")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is False
+
+
+def test_pdb_only_with_two_or_more_replicas_and_podmonitors_when_asked() -> None:
+    doc = seed_doc()
+    assert not [o for o in build(doc) if o["kind"] in ("PodDisruptionBudget", "PodMonitor")]
+    doc["spec"]["decode"]["replicas"] = 2
+    doc["spec"]["monitoring"] = {"podMonitor": True}
+    objs = build(doc)
+    assert by(objs, "PodDisruptionBudget", "nemotron-3-nano-decode")["spec"]["maxUnavailable"] == 1
+    assert {o["metadata"]["name"] for o in objs if o["kind"] == "PodMonitor"} == {
+        "nemotron-3-nano-engines",
+        "nemotron-3-nano-router",
+    }
+
+
+def test_long_names_are_truncated_with_a_hash() -> None:
+    long = "x" * 80
+    a, b = short_name(long, "prefill"), short_name(long + "y", "prefill")
+    assert len(a) <= 63 and a.endswith("-prefill") and a != b
+    assert short_name("short", "decode") == "short-decode"
+    doc = seed_doc()
+    doc["metadata"]["name"] = "n" * 100
+    for o in build(doc):
+        assert len(o["metadata"]["name"]) <= 63
+        assert all(len(v) <= 63 for v in o["metadata"]["labels"].values())
+
+
+def test_builders_are_pure() -> None:
+    """No kopf, no kubernetes client, no clock, no env reads under builders/."""
+    for path in (REPO / "operator" / "hpd_operator" / "builders").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for m in mods:
+                    assert m.split(".")[0] not in {"kopf", "kubernetes", "os", "time", "datetime"}, (path, m)
