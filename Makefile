@@ -3,5 +3,5 @@ demo:  ## local control plane + operator + a sample Nemotron-H HybridPDDeploymen
 	hack/demo.sh
 test:  ## everything CI runs
 	hack/test.sh
-down:  ## stop the demo cluster
-	.venv/bin/python -m hpd_devcluster down
+down:  ## stop the demo operator and the demo cluster
+	hack/demo-down.sh

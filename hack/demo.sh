@@ -1,16 +1,66 @@
 #!/usr/bin/env bash
-# The demo: install, bring the local control plane up (real kube-apiserver + kwok fake GPU nodes), show it.
+# The demo: install, bring the local control plane up (real kube-apiserver + kwok fake GPU nodes), install the CRD,
+# run the operator in the background, apply the seed's Nemotron-3-Nano example, wait until it is Ready, and show
+# what the operator generated. Stop everything with `make down` (hack/demo-down.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/setup.sh
 . .venv/bin/activate
+STATE=${HPD_DEMO_STATE:-$HOME/.cache/hybrid-pd/demo}
+mkdir -p "$STATE"
 python -m hpd_devcluster up
 eval "$(python -m hpd_devcluster env)"
 echo
-echo "== kubectl version"; kubectl version
-echo
 echo "== GPU nodes (kwok)"
-kubectl get nodes -o custom-columns='NAME:.metadata.name,STATUS:.status.conditions[?(@.type=="Ready")].type,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
+kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
+
 echo
-echo "The cluster keeps running. Use it:  eval \"\$(.venv/bin/python -m hpd_devcluster env)\"; kubectl get nodes"
-echo "Stop it:                           .venv/bin/python -m hpd_devcluster down"
+echo "== CRD"
+kubectl apply --server-side --force-conflicts -f crds/hybridpddeployments.hybridpd.io.yaml
+kubectl wait --for=condition=Established --timeout=30s crd/hybridpddeployments.hybridpd.io
+
+echo
+echo "== operator (background; log: $STATE/operator.log, pid: $STATE/operator.pid)"
+if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then
+  echo "already running (pid $(cat "$STATE/operator.pid"))"
+else
+  nohup python -m hpd_operator run \
+    --metrics-port "${HPD_DEMO_METRICS_PORT:-9090}" --liveness-port "${HPD_DEMO_LIVENESS_PORT:-8080}" \
+    >"$STATE/operator.log" 2>&1 &
+  echo $! >"$STATE/operator.pid"
+  echo "started (pid $!)"
+fi
+
+echo
+echo "== apply examples/nemotron-3-nano.yaml"
+kubectl apply -f examples/nemotron-3-nano.yaml
+if ! kubectl wait --for=condition=Ready --timeout=120s hpd/nemotron-3-nano; then
+  echo "not Ready in time; operator log tail:" >&2
+  tail -40 "$STATE/operator.log" >&2
+  exit 1
+fi
+echo
+kubectl get hpd
+echo
+echo "== children"
+kubectl get deploy,svc,sa,role,rolebinding,pdb,pods -l app.kubernetes.io/instance=nemotron-3-nano -o wide
+
+for role in prefill decode; do
+  pod=$(kubectl get pods -l "app.kubernetes.io/instance=nemotron-3-nano,app.kubernetes.io/component=$role" \
+    -o jsonpath='{.items[0].metadata.name}')
+  echo
+  echo "== $role pod $pod: command line"
+  kubectl get pod "$pod" -o json | python -c '
+import json, shlex, sys
+c = json.load(sys.stdin)["spec"]["containers"][0]
+print(shlex.join(c.get("command", []) + c.get("args", [])))
+print()
+print("env:")
+for e in c.get("env", []):
+    v = json.dumps(e["valueFrom"]) if "valueFrom" in e else e.get("value", "")
+    print("  " + e["name"] + "=" + v)
+print("resources:", json.dumps(c.get("resources")))'
+done
+echo
+echo "The cluster and the operator keep running:  eval \"\$(.venv/bin/python -m hpd_devcluster env)\"; kubectl get hpd"
+echo "Stop both:                                  make down   (hack/demo-down.sh)"

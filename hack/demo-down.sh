@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Stop the demo: the background operator (by its recorded PID only), then the local control plane.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE=${HPD_DEMO_STATE:-$HOME/.cache/hybrid-pd/demo}
+if [ -f "$STATE/operator.pid" ]; then
+  pid=$(cat "$STATE/operator.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    echo "operator (pid $pid) stopped"
+  fi
+  rm -f "$STATE/operator.pid"
+fi
+.venv/bin/python -m hpd_devcluster down
