@@ -265,6 +265,9 @@ def reconcile(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
         raise kopf.PermanentError(err.message) from None
     except client.ApiException as e:
         raise _transient(e) from None
+    except Exception as e:  # a bug or an unexpected reply: an Event, then kopf retries with backoff (no crash loop)
+        _event(memo.api, body, "Warning", "ReconcileError", f"{type(e).__name__}: {e}")
+        raise kopf.TemporaryError(f"reconcile failed: {e!r}", delay=30) from e
 
 
 def _list_crs(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
