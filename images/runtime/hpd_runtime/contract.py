@@ -107,7 +107,8 @@ ENV_CACHE_KEY: Final = "HPD_CACHE_KEY"
 # --- Runtime defaults ---------------------------------------------------------------------------------------------
 SSD_CHUNK_SIZE_DEFAULT: Final = 256
 WARMUP_CONCURRENCY_DEFAULT: Final = 4
-WARMUP_TIMEOUT_SECONDS_DEFAULT: Final = 1200
+WARMUP_TIMEOUT_SECONDS_DEFAULT: Final = 900
+"""Also the CRD default of spec.warmup.timeoutSeconds (api/constants.py takes both warmup defaults from here)."""
 WARMUP_MAX_TOKENS_DEFAULT: Final = 4
 
 # --- vLLM's own env that the profile sets ------------------------------------------------------------------------

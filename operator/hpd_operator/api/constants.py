@@ -19,8 +19,8 @@ DEFAULT_VLLM_IMAGE: Final = "ghcr.io/hybridpd/vllm-runtime:0.20.0"
 DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
 DEFAULT_BLOCK_SIZE: Final = 128
 DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
-DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = 900
-DEFAULT_WARMUP_CONCURRENCY: Final = 4
+DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = contract.WARMUP_TIMEOUT_SECONDS_DEFAULT
+DEFAULT_WARMUP_CONCURRENCY: Final = contract.WARMUP_CONCURRENCY_DEFAULT
 
 # --- Size bounds (they also keep the CEL rules under the apiserver's cost budget) -----------------------------------
 MAX_EXTRA_ARGS: Final = 64
