@@ -161,6 +161,14 @@ def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
         return False
 
 
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _insecure() -> ssl.SSLContext:
     """kcm/scheduler serve /healthz with a self-signed cert they make at start; loopback only."""
     ctx = ssl.create_default_context()
@@ -270,20 +278,33 @@ def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 
         down(name)
 
     bins = build.ensure_binaries()
-    root = cluster_dir(name)
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    ports = dict(zip(("etcd", "etcd_peer", "apiserver", "kcm", "scheduler"), _free_ports(5), strict=True))
-    state = ClusterState(name=name, dir=str(root), ports=ports)
-    state.save()
-    deadline = time.monotonic() + timeout
-    try:
-        _bring_up(state, bins, pool, deadline)
-    except BaseException:
-        stop(state)
-        raise
-    return state
+    attempts = 2
+    for attempt in range(1, attempts + 1):
+        root = cluster_dir(name)
+        if root.exists():
+            # keep the failed attempt's logs next to the new ones
+            if (root / "logs").exists() and attempt > 1:
+                shutil.move(str(root / "logs"), str(root.parent / f"{name}.failed-attempt-logs"))
+            shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        ports = dict(zip(("etcd", "etcd_peer", "apiserver", "kcm", "scheduler"), _free_ports(5), strict=True))
+        state = ClusterState(name=name, dir=str(root), ports=ports)
+        state.save()
+        deadline = time.monotonic() + timeout
+        try:
+            _bring_up(state, bins, pool, deadline)
+            return state
+        except ClusterError as exc:
+            stop(state)
+            if attempt == attempts:
+                raise
+            # A start can fail for reasons outside the cluster (a port taken between choosing and binding it,
+            # a stalled process start on a loaded machine); one fresh attempt on new ports, said out loud.
+            print(f"[hpd-devcluster] {name}: start failed ({exc.step}); retrying once on new ports", flush=True)
+        except BaseException:
+            stop(state)
+            raise
+    raise AssertionError("unreachable")
 
 
 def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadline: float) -> None:
@@ -298,6 +319,9 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
         f"--initial-cluster=hpd={peer_url}", "--log-level=warn",
     ])  # fmt: skip
+    _wait(
+        "etcd /health", lambda: _http_ok(f"{etcd_url}/health"), min(deadline, time.monotonic() + 30), state, "etcd.log"
+    )
     _start(state, "kube-apiserver", [
         str(bins.kube_apiserver), f"--etcd-servers={etcd_url}",
         "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['apiserver']}",
