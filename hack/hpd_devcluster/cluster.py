@@ -183,12 +183,24 @@ def _wait(step: str, check: Callable[[], bool], deadline: float, state: ClusterS
             return
         for proc, pid in state.pids.items():
             if not _alive(pid, _binary_name(proc)):
-                raise ClusterError(step, state.logs / f"{proc}.log", f"{proc} (pid {pid}) exited")
+                raise ClusterError(step, state.logs / f"{proc}.log", f"{proc} (pid {pid}) {_exit_status(pid)}")
         time.sleep(0.2)
     raise ClusterError(step, state.logs / log if log else None, "timed out")
 
 
 # --- processes -------------------------------------------------------------------------------------------------
+
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Processes started by this Python process, so an early exit can report its exit status."""
+
+
+def _exit_status(pid: int) -> str:
+    proc = _CHILDREN.get(pid)
+    if proc is None or proc.poll() is None:
+        return "exited"
+    code = proc.returncode
+    return f"exited with status {code}" if code >= 0 else f"was killed by signal {-code}"
 
 
 def _start(state: ClusterState, process: str, argv: list[str]) -> None:
@@ -198,6 +210,7 @@ def _start(state: ClusterState, process: str, argv: list[str]) -> None:
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=state.root
         )
     state.pids[process] = proc.pid
+    _CHILDREN[proc.pid] = proc
     state.save()
 
 
@@ -278,13 +291,13 @@ def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 
         down(name)
 
     bins = build.ensure_binaries()
-    attempts = 2
+    attempts = 3
     for attempt in range(1, attempts + 1):
         root = cluster_dir(name)
         if root.exists():
             # keep the failed attempt's logs next to the new ones
             if (root / "logs").exists() and attempt > 1:
-                shutil.move(str(root / "logs"), str(root.parent / f"{name}.failed-attempt-logs"))
+                shutil.move(str(root / "logs"), str(root.parent / f"{name}.failed-attempt-{attempt - 1}-logs"))
             shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         ports = dict(zip(("etcd", "etcd_peer", "apiserver", "kcm", "scheduler"), _free_ports(5), strict=True))
@@ -299,8 +312,8 @@ def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 
             if attempt == attempts:
                 raise
             # A start can fail for reasons outside the cluster (a port taken between choosing and binding it,
-            # a stalled process start on a loaded machine); one fresh attempt on new ports, said out loud.
-            print(f"[hpd-devcluster] {name}: start failed ({exc.step}); retrying once on new ports", flush=True)
+            # a stalled process start on a loaded machine); fresh attempts on new ports, said out loud.
+            print(f"[hpd-devcluster] {name}: start failed ({exc}); retrying on new ports", flush=True)
         except BaseException:
             stop(state)
             raise
@@ -317,7 +330,7 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         str(bins.etcd), "--name=hpd", f"--data-dir={state.root / 'etcd-data'}", "--unsafe-no-fsync",
         f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
         f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-        f"--initial-cluster=hpd={peer_url}", "--log-level=warn",
+        f"--initial-cluster=hpd={peer_url}",
     ])  # fmt: skip
     _wait(
         "etcd /health", lambda: _http_ok(f"{etcd_url}/health"), min(deadline, time.monotonic() + 30), state, "etcd.log"
