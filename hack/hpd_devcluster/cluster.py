@@ -120,15 +120,26 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+"""Processes started by this Python process, so an early exit can report its exit status."""
+
+
 def _alive(pid: int, binary_name: str) -> bool:
-    """True if `pid` runs and is the binary we started (guards against PID reuse)."""
+    """True if `pid` runs and is the binary we started (guards against PID reuse).
+
+    A child of this process is asked through its Popen object: right after Popen returns, /proc/<pid>/cmdline
+    can still be empty while the kernel finishes the exec (seen here), which must not read as "exited".
+    """
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
     state = stat.rsplit(")", 1)[1].split()[0]
-    return state != "Z" and os.path.basename(cmdline) == binary_name
+    return state != "Z" and (cmdline == "" or os.path.basename(cmdline) == binary_name)
 
 
 def _binary_name(process: str) -> str:
@@ -189,10 +200,6 @@ def _wait(step: str, check: Callable[[], bool], deadline: float, state: ClusterS
 
 
 # --- processes -------------------------------------------------------------------------------------------------
-
-
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-"""Processes started by this Python process, so an early exit can report its exit status."""
 
 
 def _exit_status(pid: int) -> str:
