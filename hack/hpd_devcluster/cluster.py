@@ -142,10 +142,6 @@ def _alive(pid: int, binary_name: str) -> bool:
     return state != "Z" and (cmdline == "" or os.path.basename(cmdline) == binary_name)
 
 
-def _binary_name(process: str) -> str:
-    return process
-
-
 # --- talking to the apiserver (stdlib only: this package must work before anything else is installed) ---------
 
 
@@ -164,19 +160,12 @@ def api(state: ClusterState, method: str, path: str, body: dict[str, Any] | None
         return json.loads(resp.read() or b"null")
 
 
-def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+def _url_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    """GET `url` answers 200 (https with `ctx`, plain http without)."""
     try:
         with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ssl.SSLError):
-        return False
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
         return False
 
 
@@ -193,7 +182,7 @@ def _wait(step: str, check: Callable[[], bool], deadline: float, state: ClusterS
         if check():
             return
         for proc, pid in state.pids.items():
-            if not _alive(pid, _binary_name(proc)):
+            if not _alive(pid, proc):
                 raise ClusterError(step, state.logs / f"{proc}.log", f"{proc} (pid {pid}) {_exit_status(pid)}")
         time.sleep(0.2)
     raise ClusterError(step, state.logs / log if log else None, "timed out")
@@ -281,11 +270,11 @@ def _nodes_ready(state: ClusterState) -> bool:
 
 
 def healthy(state: ClusterState) -> bool:
-    if not all(_alive(pid, _binary_name(proc)) for proc, pid in state.pids.items()):
+    if not all(_alive(pid, proc) for proc, pid in state.pids.items()):
         return False
     if set(state.pids) != set(PROCESS_ORDER):
         return False
-    return _https_ok(state.server + "/readyz", _ssl_context(state)) and _nodes_ready(state)
+    return _url_ok(state.server + "/readyz", _ssl_context(state)) and _nodes_ready(state)
 
 
 def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 120.0) -> ClusterState:
@@ -340,7 +329,7 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         f"--initial-cluster=hpd={peer_url}",
     ])  # fmt: skip
     _wait(
-        "etcd /health", lambda: _http_ok(f"{etcd_url}/health"), min(deadline, time.monotonic() + 30), state, "etcd.log"
+        "etcd /health", lambda: _url_ok(f"{etcd_url}/health"), min(deadline, time.monotonic() + 30), state, "etcd.log"
     )
     _start(state, "kube-apiserver", [
         str(bins.kube_apiserver), f"--etcd-servers={etcd_url}",
@@ -353,7 +342,7 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
     ])  # fmt: skip
     admin_ctx = _ssl_context(state)
-    _wait("kube-apiserver /readyz", lambda: _https_ok(state.server + "/readyz", admin_ctx), deadline, state,
+    _wait("kube-apiserver /readyz", lambda: _url_ok(state.server + "/readyz", admin_ctx), deadline, state,
           "kube-apiserver.log")  # fmt: skip
     kcm_kc, sch_kc = state.root / "kcm.kubeconfig", state.root / "scheduler.kubeconfig"
     _start(state, "kube-controller-manager", [
@@ -382,9 +371,9 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         api(state, "POST", "/api/v1/nodes", _node_manifest(node, pool))
     state.save()
     insecure = _insecure()
-    _wait("kube-controller-manager /healthz", lambda: _https_ok(f"https://127.0.0.1:{p['kcm']}/healthz", insecure),
+    _wait("kube-controller-manager /healthz", lambda: _url_ok(f"https://127.0.0.1:{p['kcm']}/healthz", insecure),
           deadline, state, "kube-controller-manager.log")  # fmt: skip
-    _wait("kube-scheduler /healthz", lambda: _https_ok(f"https://127.0.0.1:{p['scheduler']}/healthz", insecure),
+    _wait("kube-scheduler /healthz", lambda: _url_ok(f"https://127.0.0.1:{p['scheduler']}/healthz", insecure),
           deadline, state, "kube-scheduler.log")  # fmt: skip
     _wait("kwok nodes Ready", lambda: _nodes_ready(state), deadline, state, "kwok.log")
     _wait("default ServiceAccount", lambda: _default_sa_exists(state), deadline, state, "kube-controller-manager.log")
@@ -404,24 +393,24 @@ def stop(state: ClusterState, grace: float = 10.0) -> list[str]:
     order = [p for p in reversed(PROCESS_ORDER) if p in state.pids]
     for proc in order:
         pid = state.pids[proc]
-        if _alive(pid, _binary_name(proc)):
+        if _alive(pid, proc):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
             stopped.append(proc)
     end = time.monotonic() + grace
     for proc in order:
         pid = state.pids[proc]
-        while _alive(pid, _binary_name(proc)) and time.monotonic() < end:
+        while _alive(pid, proc) and time.monotonic() < end:
             time.sleep(0.1)
-        if _alive(pid, _binary_name(proc)):
+        if _alive(pid, proc):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
     for proc in order:
         pid = state.pids[proc]
         kill_deadline = time.monotonic() + 5
-        while _alive(pid, _binary_name(proc)) and time.monotonic() < kill_deadline:
+        while _alive(pid, proc) and time.monotonic() < kill_deadline:
             time.sleep(0.05)
-        if _alive(pid, _binary_name(proc)):
+        if _alive(pid, proc):
             raise ClusterError(f"stop {proc}", state.logs / f"{proc}.log", f"pid {pid} survived SIGKILL")
     return stopped
 
