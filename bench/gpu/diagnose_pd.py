@@ -4,9 +4,10 @@ Two P/D pairs on one GPU (0.15 of its memory per instance), both started through
 operator's profile argv, warmup off, one shared cache root (so the second pair reuses the first pair's Triton
 kernels and autotune results):
 
-  A: the profile argv exactly as run.py uses it (`--block-size 128`; vLLM 0.20 raises the attention block to 640
-     tokens on a 64-token kernel block for the tiny Nemotron-H);
-  B: the same argv without `--block-size` (vLLM's own choice: 528 tokens on a 16-token kernel block).
+  A: the profile argv plus `--block-size 128` (the profile's default until this diagnosis; vLLM 0.20 raises the
+     attention block to 640 tokens on a 64-token kernel block for the tiny Nemotron-H);
+  B: the profile argv as it is now, without `--block-size` (vLLM's own choice: 528 tokens on a 16-token kernel
+     block).
 
 Per pair, three stages on the same 8 prompts (300-3,000 tokens), each P->D answer compared with a colocated
 answer on that pair's decode:
@@ -37,11 +38,6 @@ import run
 PROMPTS = [300, 650, 1000, 1400, 1800, 2200, 2600, 3000]
 PAIRS = ("B", "A")  # B first: the candidate fix gets the time if the budget runs short
 LOG_MARKERS = ("Setting attention block size", "kernel block", "block_size", "nan", "NaN", "ERROR")
-
-
-def _drop_flag(args: list[str], flag: str) -> list[str]:
-    i = args.index(flag)
-    return args[:i] + args[i + 2 :]
 
 
 def pd_once(pp: int, dp: int, body: dict[str, Any]) -> tuple[list[int] | None, list[str]]:
@@ -85,8 +81,8 @@ def main() -> int:
             args = list(r.args)
             args[args.index("--port") + 1] = str(p["vllm"])
             args[args.index("--gpu-memory-utilization") + 1] = "0.15"
-            if pair == "B":
-                args = _drop_flag(args, "--block-size")
+            if pair == "A":  # the profile's former default; the profile now passes no --block-size
+                args += ["--block-size", "128"]
             env = dict(r.env)
             env.update({"HPD_VLLM_PORT": str(p["vllm"]), "HPD_RUNTIME_PORT": str(p["runtime"]),
                         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(p["side"]), "HPD_PREFILL_PORT": str(ports[pair]["prefill"]["vllm"])})  # fmt: skip

@@ -63,7 +63,6 @@ def sample_spec(model_dir: Path, mode: str) -> dict[str, Any]:
                   "config": {"numAttentionHeads": 8, "numKeyValueHeads": 2, "mambaNumHeads": 16, "mambaNGroups": 2,
                              "hiddenSize": 512, "ssdChunkSize": 256, "hybridOverridePattern": "M-M*M-"}},
         "vllmVersion": "0.20.0",
-        "blockSize": 128,
         "gpuMemoryUtilization": 0.3,
         "extraArgs": extra,
         "prefill": {"tensorParallelSize": 1},
