@@ -251,6 +251,23 @@ def _check_tp(
             )
     if cfg is None:
         return
+    top = max(p, d)
+    replicated = [
+        f"the {n} {what}"
+        for n, what in ((cfg.num_key_value_heads, "KV heads"), (cfg.mamba_n_groups, "Mamba groups"))
+        if n is not None and top > n
+    ]
+    if hybrid and p != d and spec.block_size is None and replicated:
+        out.append(
+            SpecViolation(
+                "spec.blockSize",
+                "block-size-required-for-replicated-heads",
+                f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
+                "replicated, so vLLM's own attention block size differs between the roles and NIXL rejects the "
+                "pair; set spec.blockSize (a multiple of 16) to at least the larger 'Setting attention block size' "
+                "value vLLM logs for the two TP sizes",
+            )
+        )
     for role in contract.ROLES:
         tp = spec.role(role).tensor_parallel_size
         field = f"spec.{role}.tensorParallelSize"
@@ -395,10 +412,15 @@ def _role_profile(
         str(contract.VLLM_PORT),
         "--tensor-parallel-size",
         str(tp),
-        "--block-size",
-        str(spec.block_size),
     ]
-    add("--block-size", str(spec.block_size), "same block size on prefill and decode (NIXL compares it)")
+    if spec.block_size is not None:
+        args += ["--block-size", str(spec.block_size)]
+        add(
+            "--block-size",
+            str(spec.block_size),
+            "spec.blockSize, the same on prefill and decode (NIXL compares it); vLLM raises it if the Mamba page "
+            "needs more",
+        )
     if spec.model.max_model_len is not None:
         args += ["--max-model-len", str(spec.model.max_model_len)]
     args += ["--dtype", spec.model.dtype]
@@ -471,10 +493,10 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
     cfg, cfg_src = model_config(spec)
     hybrid, hybrid_reason = _resolve_hybrid(spec, cfg, cfg_src)
     problems: list[SpecViolation] = []
-    if spec.block_size % 16:
+    if spec.block_size is not None and spec.block_size % 16:
         problems.append(
             SpecViolation(
-                "spec.blockSize", "block-size-multiple-of-16", f"{spec.block_size} is not a multiple of 16 (e.g. 128)"
+                "spec.blockSize", "block-size-multiple-of-16", f"{spec.block_size} is not a multiple of 16 (e.g. 1024)"
             )
         )
     _check_tp(spec, row=row, cfg=cfg, cfg_src=cfg_src, hybrid=hybrid, out=problems)

@@ -43,5 +43,8 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
 GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
     ("extra-args-allowed", {"model": M, "extraArgs": ["--enforce-eager", "--model-impl", "vllm"]}),
     ("quantities", {"model": M, "decode": {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "64Gi"}}}}),
-    ("hetero-tp", {"model": M, "prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 2}}),
+    (
+        "hetero-tp",
+        {"model": M, "blockSize": 4096, "prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 2}},
+    ),
 ]

@@ -133,7 +133,8 @@ def test_seed_args_in_order() -> None:
         decode={"tensorParallelSize": 2},
     )
     args = list(compute_profile(s).decode.args)
-    assert args[:14] == [
+    assert "--block-size" not in args  # vLLM picks the Mamba-aligned size; the same on both roles (equal TP)
+    assert args[:12] == [
         "--model",
         NANO,
         "--served-model-name",
@@ -142,14 +143,12 @@ def test_seed_args_in_order() -> None:
         "8000",
         "--tensor-parallel-size",
         "2",
-        "--block-size",
-        "128",
         "--max-model-len",
         "8192",
         "--dtype",
         "auto",
     ]
-    assert args[14:16] == ["--gpu-memory-utilization", "0.85"]
+    assert args[12:14] == ["--gpu-memory-utilization", "0.85"]
     assert args[-3:] == ["--no-enable-prefix-caching", "--no-disable-hybrid-kv-cache-manager", "--no-async-scheduling"]
 
 
@@ -249,7 +248,11 @@ def test_known_models_only_with_found_numbers() -> None:
         ),
         (
             {"model": {"name": "x/y", "config": {"mambaNGroups": 2}}, "decode": {"tensorParallelSize": 4}},
-            {"model": {"name": "x/y", "config": {"mambaNGroups": 1}}, "decode": {"tensorParallelSize": 4}},
+            {
+                "model": {"name": "x/y", "config": {"mambaNGroups": 1}},
+                "decode": {"tensorParallelSize": 4},
+                "blockSize": 1024,
+            },
             "spec.decode.tensorParallelSize",
             "mamba-groups-divisible",
         ),
@@ -320,8 +323,48 @@ def test_cross_role_rule(bad: dict[str, Any], good: dict[str, Any], field: str, 
 
 def test_heterogeneous_tp_allowed_in_both_directions_on_every_version() -> None:
     for version in ("0.20.0", "0.22.0", "0.25.0", "0.33.0"):
-        compute_profile(spec(vllmVersion=version, prefill={"tensorParallelSize": 4}, decode={"tensorParallelSize": 2}))
-        compute_profile(spec(vllmVersion=version, prefill={"tensorParallelSize": 2}, decode={"tensorParallelSize": 4}))
+        for p, d in ((4, 2), (2, 4)):
+            prof = compute_profile(
+                spec(
+                    vllmVersion=version,
+                    blockSize=4096,
+                    prefill={"tensorParallelSize": p},
+                    decode={"tensorParallelSize": d},
+                )
+            )
+            for rp in (prof.prefill, prof.decode):
+                assert rp.args[rp.args.index("--block-size") + 1] == "4096"
+
+
+def test_block_size_unset_passes_no_flag_and_set_passes_the_same_on_both_roles() -> None:
+    unset = compute_profile(spec())
+    assert "--block-size" not in unset.prefill.args and "--block-size" not in unset.decode.args
+    assert not [i for i in unset.status()["injections"] if i["setting"] == "--block-size"]
+    both = compute_profile(spec(blockSize=1024))
+    assert [rp.args[rp.args.index("--block-size") + 1] for rp in (both.prefill, both.decode)] == ["1024", "1024"]
+
+
+@pytest.mark.parametrize(
+    ("config", "tps", "replicated"),
+    [
+        ({"numKeyValueHeads": 2, "mambaNGroups": 8}, (4, 2), "the 2 KV heads"),
+        ({"numKeyValueHeads": 8, "mambaNGroups": 1}, (1, 2), "the 1 Mamba groups"),
+    ],
+)
+def test_hetero_tp_that_replicates_heads_needs_an_explicit_block_size(
+    config: dict[str, int], tps: tuple[int, int], replicated: str
+) -> None:
+    """vLLM's own block size follows the per-rank Mamba page over the per-rank attention page; when one TP size
+    replicates KV heads or Mamba groups the two roles get different sizes and 0.20 NIXL rejects hybrid pairs whose
+    block sizes differ. The operator asks for spec.blockSize instead of letting the pods fail at the handshake."""
+    body = {"model": {"name": "x/y", "config": config}, "prefill": {"tensorParallelSize": tps[0]},
+            "decode": {"tensorParallelSize": tps[1]}}  # fmt: skip
+    with pytest.raises(SpecError) as ei:
+        compute_profile(spec(**body))
+    assert ("spec.blockSize", "block-size-required-for-replicated-heads") in rules(ei.value)
+    assert replicated in ei.value.message
+    compute_profile(spec(**body, blockSize=2048))  # an explicit size on both roles is accepted
+    compute_profile(spec(**{**body, "decode": {"tensorParallelSize": tps[0]}}))  # equal TP: vLLM's own size
 
 
 def test_known_model_is_checked_without_a_config_block() -> None:

@@ -22,6 +22,7 @@ from hpd_operator.profile import compute_profile
 REPO = Path(__file__).resolve().parents[2]
 PARSE = Path(__file__).with_name("vllm_parse.py")
 SEED = REPO / "examples" / "nemotron-3-nano.yaml"
+HETERO = REPO / "examples" / "heterogeneous-tp.yaml"
 VERSIONS = os.environ.get("HPD_VLLM_PARSER_VERSIONS", "0.20.0").split(",")
 
 pytestmark = pytest.mark.vllm_parser
@@ -61,7 +62,7 @@ def test_seed_argv_parses_with_vllms_own_parser(version: str, role: str) -> None
     got = parse(version, list(rp.args))
     assert got["vllm_version"] == version
     assert got["tensor_parallel_size"] == 2
-    assert got["block_size"] == 128
+    assert got["block_size"] is None  # no --block-size: vLLM picks the Mamba-aligned size itself
     assert got["max_model_len"] == 8192
     assert got["gpu_memory_utilization"] == pytest.approx(0.85)
     assert got["enable_prefix_caching"] is False
@@ -84,6 +85,16 @@ def test_parser_rejects_an_unknown_flag() -> None:
         check=False,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_hetero_example_block_size_parses_on_both_roles(version: str) -> None:
+    """The heterogeneous-TP example must set one explicit block size (its TP 4 replicates Nano's KV heads)."""
+    cr = HybridPDDeployment.model_validate(yaml.safe_load(HETERO.read_text()))
+    profile = compute_profile(cr.spec.model_copy(update={"vllm_version": version}))
+    got = {role: parse(version, list(profile.role(role).args)) for role in ("prefill", "decode")}
+    assert got["prefill"]["block_size"] == got["decode"]["block_size"] == 4096
+    assert (got["prefill"]["tensor_parallel_size"], got["decode"]["tensor_parallel_size"]) == (4, 2)
 
 
 if __name__ == "__main__":  # pragma: no cover

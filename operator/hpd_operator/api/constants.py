@@ -17,7 +17,6 @@ DEFAULT_VLLM_VERSION: Final = "0.20.0"
 DEFAULT_VLLM_IMAGE: Final = "ghcr.io/hybridpd/vllm-runtime:0.20.0"
 """Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
 DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
-DEFAULT_BLOCK_SIZE: Final = 128
 DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
 DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = contract.WARMUP_TIMEOUT_SECONDS_DEFAULT
 DEFAULT_WARMUP_CONCURRENCY: Final = contract.WARMUP_CONCURRENCY_DEFAULT

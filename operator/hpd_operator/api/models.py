@@ -302,7 +302,7 @@ class HybridPDDeploymentSpec(_Model):
                 ),
                 _cel(
                     "!has(self.blockSize) || self.blockSize % 16 == 0",
-                    "spec.blockSize must be a multiple of 16 (e.g. 128)",
+                    "spec.blockSize must be a multiple of 16 (e.g. 1024)",
                     ".blockSize",
                 ),
                 _cel(
@@ -321,8 +321,12 @@ class HybridPDDeploymentSpec(_Model):
     """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime)."""
     vllm_version: str = Field(default=c.DEFAULT_VLLM_VERSION, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", max_length=32)
     """vLLM version inside the image; drives the version table (supported: 0.20, 0.22, 0.25, 0.33)."""
-    block_size: int = Field(default=c.DEFAULT_BLOCK_SIZE, ge=16, le=4096)
-    """--block-size on both roles (multiple of 16). vLLM raises it for hybrid models when the Mamba page needs it."""
+    block_size: int | None = Field(default=None, ge=16, le=4096)
+    """--block-size on both roles (multiple of 16). Unset (recommended): no flag, vLLM picks the Mamba-aligned
+    attention block size itself, the same on both roles for equal TP. A value below that size is raised by vLLM;
+    on vLLM 0.20 such a raised size (128 -> 640 tokens) corrupted P->D output on an H200 (bench/gpu/README.md).
+    Required when the TP sizes differ and the larger one replicates the KV heads: then set it to at least
+    vLLM's size for both TP sizes."""
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """--gpu-memory-utilization on both roles (a role may override it)."""
     extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
