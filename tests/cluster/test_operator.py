@@ -151,8 +151,8 @@ def env_of(c: client.V1Container) -> dict[str, Any]:
     return {e.name: (e.value if e.value_from is None else e.value_from) for e in c.env}
 
 
-def arg(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
+def arg(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
 
 
 def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
@@ -353,6 +353,7 @@ def test_update_in_place_prune_and_kubectl_scale(
         name,
         {
             "image": "example.com/vllm:new",
+            "blockSize": 4096,  # TP 4 replicates Nano's 2 KV heads: hetero TP then needs one explicit block size
             "prefill": {"tensorParallelSize": 4, "extraArgs": ["--max-num-seqs", "64"]},
             "decode": {"replicas": 2},
         },
@@ -363,6 +364,8 @@ def test_update_in_place_prune_and_kubectl_scale(
         d = deployment(api_client, ns, f"{name}-decode")
         return (
             arg(list(p.args), "--tensor-parallel-size") == "4"
+            and arg(list(p.args), "--block-size") == "4096"
+            and arg(list(container_of(d).args), "--block-size") == "4096"
             and p.resources.limits["nvidia.com/gpu"] == "4"
             and p.args[-2:] == ["--max-num-seqs", "64"]
             and p.image == "example.com/vllm:new"
