@@ -53,9 +53,12 @@ ROUTER_PORT = 8090
 MAX_MODEL_LEN = 4096
 
 
-def sample_spec(model_dir: Path, mode: str) -> dict[str, Any]:
-    """The sample CR's spec: the tiny Nemotron-H, dummy weights, two instances sharing one GPU."""
-    extra = ["--load-format", "dummy", "--skip-tokenizer-init", "--max-num-seqs", "64"]
+def sample_spec(model_dir: Path, mode: str, tp: tuple[int, int] = (1, 1), weights: str = "dummy") -> dict[str, Any]:
+    """The sample CR's spec: the tiny Nemotron-H, two instances sharing the GPU(s). `weights`: `dummy` (vLLM draws
+    them, different per TP size) or `fixed` (the checkpoint make_checkpoint.py wrote into `model_dir`)."""
+    extra = ["--skip-tokenizer-init", "--max-num-seqs", "64"]
+    if weights == "dummy":
+        extra = ["--load-format", "dummy", *extra]
     if mode == "eager":
         extra.append("--enforce-eager")
     return {
@@ -65,8 +68,8 @@ def sample_spec(model_dir: Path, mode: str) -> dict[str, Any]:
         "vllmVersion": "0.20.0",
         "gpuMemoryUtilization": 0.3,
         "extraArgs": extra,
-        "prefill": {"tensorParallelSize": 1},
-        "decode": {"tensorParallelSize": 1},
+        "prefill": {"tensorParallelSize": tp[0]},
+        "decode": {"tensorParallelSize": tp[1]},
         "warmup": {"enabled": True, "pairCheck": True, "timeoutSeconds": 400},
     }  # fmt: skip
 
@@ -96,8 +99,20 @@ class Phase:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-def role_commands(mode: str, model_dir: Path, cache_root: Path, warmup: bool) -> tuple[dict[str, Role], list[str]]:
-    spec_dict = sample_spec(model_dir, mode)
+NO_NVLINK_MULTICAST: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+"""Kept set in every process we start: NVLink multicast can take a shared host's GPUs out of service."""
+
+
+def role_commands(
+    mode: str, model_dir: Path, cache_root: Path, warmup: bool, *, tp: tuple[int, int] = (1, 1), weights: str = "dummy"
+) -> tuple[dict[str, Role], list[str]]:
+    """Per-role argv/env from the operator's profile. With TP > 1 a role uses GPUs 0..TP-1, so both roles share
+    GPU 0 (P TP=2 over GPUs 0-1 with D TP=1 on GPU 0, as issue #7 asks)."""
+    spec_dict = sample_spec(model_dir, mode, tp, weights)
     spec_dict["warmup"]["enabled"] = warmup
     spec = HybridPDDeploymentSpec.model_validate(spec_dict)
     profile = compute_profile(spec)
@@ -107,6 +122,7 @@ def role_commands(mode: str, model_dir: Path, cache_root: Path, warmup: bool) ->
         "HPD_CACHE_DIR=<local dir> (the operator mounts the cache volume at /cache)",
         "HPD_PREFILL_SERVICE=127.0.0.1 + HPD_PREFILL_PORT (the operator uses the prefill headless Service)",
         "HPD_RUNTIME_HOST=127.0.0.1, TRITON_PRINT_AUTOTUNING=1 (measurement)",
+        "CUDA_VISIBLE_DEVICES=0..TP-1 per role, so both roles share GPU 0 (on Kubernetes each pod has its own GPUs)",
     ]
     roles: dict[str, Role] = {}
     for name in contract.ROLES:
@@ -128,6 +144,8 @@ def role_commands(mode: str, model_dir: Path, cache_root: Path, warmup: bool) ->
             contract.ENV_MAX_MODEL_LEN: str(MAX_MODEL_LEN),
             contract.ENV_GPU_PRODUCT: "NVIDIA-H200",
             "TRITON_PRINT_AUTOTUNING": "1",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(rp.tensor_parallel_size)),
+            **NO_NVLINK_MULTICAST,
         })  # fmt: skip
         if name == "decode":
             env[contract.ENV_PREFILL_SERVICE] = "127.0.0.1"
@@ -349,20 +367,31 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/hpd-bench"))
     ap.add_argument("--budget-s", type=float, default=560, help="skip phases that would not finish in time")
     ap.add_argument("--phases", default="cold,warm,nowarmup")
+    ap.add_argument("--prefill-tp", type=int, default=1, help="prefill TP (GPUs 0..N-1)")
+    ap.add_argument("--decode-tp", type=int, default=1, help="decode TP (GPUs 0..N-1)")
+    ap.add_argument("--weights", choices=["dummy", "fixed"], default="dummy",
+                    help="fixed: the seeded checkpoint of make_checkpoint.py, the same weights at every TP size")  # fmt: skip
     args = ap.parse_args()
     t0 = time.monotonic()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    tp = (args.prefill_tp, args.decode_tp)
     model_dir = HERE / "tiny-nemotron-h"
-    base_env = dict(os.environ)
+    if args.weights == "fixed":
+        import make_checkpoint
+
+        model_dir = args.work / "tiny-nemotron-h-fixed"
+        make_checkpoint.write_checkpoint(model_dir, HERE / "tiny-nemotron-h" / "config.json")
+    base_env = {**os.environ, **NO_NVLINK_MULTICAST}
     base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "images" / "runtime"), base_env.get("PYTHONPATH", "")])
     base_env["PYTHONUNBUFFERED"] = "1"
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "mode": args.mode, "command": " ".join(sys.argv),
-        "gpu": gpu_name(),
+        "gpu": gpu_name(), "tensor_parallel": {"prefill": tp[0], "decode": tp[1]}, "weights": args.weights,
         "phases": {},
     }  # fmt: skip
-    result_file = out / f"gpu-{args.mode}.json"
+    suffix = "" if (tp, args.weights) == ((1, 1), "dummy") else f"-p{tp[0]}d{tp[1]}-{args.weights}"
+    result_file = out / f"gpu-{args.mode}{suffix}.json"
 
     def save() -> None:
         result_file.write_text(json.dumps(report, indent=2))
@@ -381,7 +410,7 @@ def main() -> int:
             report["phases"][name] = {"skipped": f"time budget: {elapsed:.0f} s used of {args.budget_s:.0f}"}
             save()
             continue
-        roles, substitutions = role_commands(args.mode, model_dir, cache_root, warmup)
+        roles, substitutions = role_commands(args.mode, model_dir, cache_root, warmup, tp=tp, weights=args.weights)
         report.setdefault("argv", {n: r.args for n, r in roles.items()})
         report.setdefault("env", {n: r.env for n, r in roles.items()})
         report.setdefault("one_host_substitutions", substitutions)
