@@ -346,6 +346,20 @@ def serving_measurements(phase: Phase, model: str, with_outputs: bool) -> None:
     )
 
 
+def block_sizes(phase: Phase) -> dict[str, dict[str, int | None]]:
+    """vLLM's attention and kernel block sizes per role, from its log: NIXL needs them equal on both roles."""
+    out: dict[str, dict[str, int | None]] = {}
+    for name, role in phase.roles.items():
+        text = role.log.read_text(errors="replace") if role.log and role.log.exists() else ""
+        attn = re.search(r"Setting attention block size to (\d+) tokens", text)
+        kernel = re.search(r"physical kernel block size \((\d+)\)", text)
+        out[name] = {
+            "attention": int(attn.group(1)) if attn else None,
+            "kernel": int(kernel.group(1)) if kernel else None,
+        }
+    return out
+
+
 def role_times(phase: Phase) -> dict[str, Any]:
     return {n: {"to_health_s": round(r.t_health or -1, 1), "to_readyz_s": round(r.t_ready or -1, 1),
                 "warmup_s": round((r.t_ready or 0) - (r.t_health or 0), 1)} for n, r in phase.roles.items()}  # fmt: skip
@@ -420,6 +434,7 @@ def main() -> int:
             start_roles(phase, out, base_env)
             wait_ready(phase, time.perf_counter() + 420)
             phase.result["times"] = role_times(phase)
+            phase.result["block_sizes"] = block_sizes(phase)
             if name != "warm":
                 router = Router(out, name, base_env)
                 serving_measurements(phase, str(model_dir), with_outputs=(name == "cold"))

@@ -49,3 +49,19 @@ def test_hetero_tp_argv_uses_fixed_weights_and_keeps_nvlink_multicast_off(
         assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
         # the tiny config's 2 KV heads and 2 Mamba groups divide TP 2: no replication, vLLM's own block size
         assert "--block-size" not in args
+
+
+def test_block_sizes_are_read_from_vllms_log(tmp_path: Path) -> None:
+    """Lines as vLLM 0.20.0 logged them on the H200 (bench/results/2026-11-29-gpu-diagnose-pd-v2.json)."""
+    log = tmp_path / "p.log"
+    log.write_text(
+        "(EngineCore pid=1) INFO [interface.py:606] Setting attention block size to 528 tokens to ensure that "
+        "attention page size is >= mamba page size.\n"
+        "(EngineCore pid=1) INFO [worker.py:343] User-specified logical block size (528) does not match physical "
+        "kernel block size (16). Using the latter.\n"
+    )
+    phase = run.Phase("cold", {"prefill": run.Role("prefill", [], {}, log=log), "decode": run.Role("decode", [], {})})
+    assert run.block_sizes(phase) == {
+        "prefill": {"attention": 528, "kernel": 16},
+        "decode": {"attention": None, "kernel": None},
+    }
