@@ -325,8 +325,8 @@ class HybridPDDeploymentSpec(_Model):
     """--block-size on both roles (multiple of 16). Unset (recommended): no flag, vLLM picks the Mamba-aligned
     attention block size itself, the same on both roles for equal TP. A value below that size is raised by vLLM;
     on vLLM 0.20 such a raised size (128 -> 640 tokens) corrupted P->D output on an H200 (bench/gpu/README.md).
-    Required when the TP sizes differ and the larger one replicates the KV heads: then set it to at least
-    vLLM's size for both TP sizes."""
+    Required when the TP sizes differ and the larger one replicates the KV heads or the Mamba groups: then set it
+    to at least vLLM's size for both TP sizes."""
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """--gpu-memory-utilization on both roles (a role may override it)."""
     extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
