@@ -1,13 +1,16 @@
-"""kopf handlers only: parse -> profile -> build -> apply + prune -> status. No manifest is built here.
+"""kopf handlers and the reconcile of one CR as a short list of named steps; the I/O lives in apply.py (children)
+and report.py (reads, status, Events); status.py is pure.
 
-- `reconcile` (create, update of spec, resume): the whole desired set every time; an invalid spec becomes
-  `Ready=False, reason=InvalidSpec` + a Warning Event naming the field + kopf.PermanentError (not retried until
-  the spec changes), and nothing is applied or pruned.
-- the resync loop (every settings.current().resync_seconds): lists the CRs in the watched namespaces and runs the
-  same converge for each (drift correction: an edited or deleted child comes back) + fresh status from the
-  observed Deployments. Never posts the InvalidSpec Event again. It is a plain asyncio task started at startup,
-  NOT a kopf timer: kopf always puts a finalizer on objects with timers/daemons, and a finalizer would block
-  `kubectl delete` while the operator is down.
+- `reconcile` (create, update of spec, resume) and the resync loop both run `converge`: parse -> build -> claim ->
+  apply -> prune, then observe -> report. Each CR is isolated: whatever one step raises for one CR (an invalid spec,
+  a child the apiserver refuses, a name held by someone else, a bug) becomes THAT CR's `Ready=False` condition
+  with a reason from conditions.Reason and a message naming the step, child or field, plus one Warning Event on the
+  transition; the remaining steps that change children are skipped, observedGeneration is written, and the loop
+  goes on with the next CR. Only transient API failures (5xx, 429, no connection) are retried without a status.
+- the resync loop (every settings.current().resync_seconds): lists the CRs in the watched namespaces and converges
+  each (drift correction: an edited or deleted child comes back) with fresh status from the observed Deployments
+  and pods. It is a plain asyncio task started at startup, NOT a kopf timer: kopf always puts a finalizer on
+  objects with timers/daemons, and a finalizer would block `kubectl delete` while the operator is down.
 - No finalizer: children carry owner references, so the garbage collector deletes them even when the operator is
   down; the delete handler is optional and only forgets metrics.
 """
@@ -15,20 +18,21 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, settings
+from hpd_operator import metrics, report, settings
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import build_all, instance_selector, role_name, router_name
+from hpd_operator.builders import Manifest, build_all, instance_selector
+from hpd_operator.conditions import FAILURE_REASONS, ROLE_PROBLEM_REASONS, ConditionType, Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
@@ -37,7 +41,7 @@ from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
 PODMONITOR = ("monitoring.coreos.com/v1", "PodMonitor")
-_DEPLOYMENT = k8s.kind_of({"apiVersion": "apps/v1", "kind": "Deployment"})
+Key = tuple[str, str, str]
 
 
 @kopf.on.startup(id="client")
@@ -49,10 +53,6 @@ def connect(memo: kopf.Memo, **_: Any) -> None:
     except config.ConfigException:
         config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     memo.api = client.ApiClient(cfg)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cr_object(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,57 +73,208 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _write_status(api: client.ApiClient, body: kopf.Body, status: dict[str, Any]) -> None:
-    current = body.get("status") or {}
-    if all(current.get(k) == v for k, v in status.items()):
-        return
-    md = body["metadata"]
-    try:
-        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
+@dataclass
+class Run:
+    """One reconcile of one CR: what each step found, in order."""
+
+    api: client.ApiClient
+    body: Mapping[str, Any]
+    trigger: str
+    nodes: frozenset[str] | None = None
+    cr: HybridPDDeployment | None = None
+    profile: Profile | None = None
+    desired: list[Manifest] = field(default_factory=list)
+    ours: dict[Key, Manifest] = field(default_factory=dict)
+    conflicts: dict[Key, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    actions: dict[Reason, list[str]] = field(default_factory=lambda: defaultdict(list))
+    observed: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    failure: Failure | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.body["metadata"].get("uid"))
+
+
+class TransientError(Exception):
+    """The API failed in a way worth retrying (5xx, 429, no connection): no status is written for it."""
+
+
+def parse(run: Run) -> None:
+    """Parse once, then the profile (raises SpecError naming the field)."""
+    run.cr = parse_cr(_cr_object(run.body))
+    run.profile = compute_profile(run.cr.spec)
+
+
+def build(run: Run) -> None:
+    """The whole desired set, owned by the CR; PodMonitors only where the apiserver serves them."""
+    assert run.cr is not None and run.profile is not None
+    desired = build_all(run.cr, run.profile)
+    if any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired) and not k8s.api_available(run.api, *PODMONITOR):
+        run.notes.append(
+            "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
         )
-    except client.ApiException as e:
-        metrics.API_ERRORS.labels(op="status", status=str(e.status)).inc()
-        if e.status != 404:  # the CR is gone: nothing to report on
-            raise
+        desired = [d for d in desired if (d["apiVersion"], d["kind"]) != PODMONITOR]
+    for obj in desired:
+        kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
+    run.desired = desired
 
 
-def _observe(api: client.ApiClient, namespace: str, name: str) -> dict[str, dict[str, Any] | None]:
-    deps = k8s.list_children(api, namespace, instance_selector(name), kinds=[_DEPLOYMENT])
-    by_name = {d["metadata"]["name"]: d for d in deps}
-    names = {"prefill": role_name(name, "prefill"), "decode": role_name(name, "decode")}
-    names[contract.COMPONENT_ROUTER] = router_name(name)
-    return {comp: by_name.get(names[comp]) for comp in COMPONENTS}
+def _kinds(run: Run) -> list[k8s.Kind]:
+    served = k8s.api_available(run.api, *PODMONITOR) if any(d["kind"] == "PodMonitor" for d in run.desired) else None
+    return [k for k in k8s.KINDS if (k.api_version, k.kind) != PODMONITOR or served]
 
 
-def _event(api: client.ApiClient, body: kopf.Body, type_: str, reason: str, message: str) -> None:
-    """A core/v1 Event on the CR (posted directly: it works the same from handlers and the resync loop)."""
-    md = body["metadata"]
-    now = datetime.datetime.now(datetime.UTC)
-    ev = client.CoreV1Event(
-        metadata=client.V1ObjectMeta(generate_name=f"{md['name']}.", namespace=md["namespace"]),
-        involved_object=client.V1ObjectReference(
-            api_version=body.get("apiVersion"),
-            kind=body.get("kind"),
-            name=md["name"],
-            namespace=md["namespace"],
-            uid=md.get("uid"),
-            resource_version=md.get("resourceVersion"),
-        ),
-        type=type_,
-        reason=reason,
-        message=message[:1024],
-        source=client.V1EventSource(component=contract.MANAGED_BY),
-        reporting_component=contract.MANAGED_BY,
-        reporting_instance=contract.MANAGED_BY,
-        first_timestamp=now,
-        last_timestamp=now,
-        count=1,
+def claim(run: Run) -> None:
+    """What this CR owns, and the desired names held by anything else (never taken over)."""
+    labelled = {
+        k8s.key(e): e for e in k8s.list_children(run.api, run.namespace, instance_selector(run.name), _kinds(run))
+    }
+    run.ours = {k: e for k, e in labelled.items() if k8s.owned_by(e, run.uid)}
+    run.conflicts = k8s.foreign(run.api, run.desired, labelled, run.uid)
+    if run.conflicts:
+        held = "; ".join(f"{kind} {name} exists and is {who}" for (_, kind, name), who in run.conflicts.items())
+        run.failure = Failure(
+            Reason.OWNERSHIP_CONFLICT,
+            f"{held}: left alone (rename this {contract.KIND} or delete that object); the other children are applied",
+        )
+
+
+def apply_children(run: Run) -> None:
+    """Server-side apply every desired child this CR may own; a refused child is reported, the rest still applied."""
+    refused: list[str] = []
+    for obj in run.desired:
+        k = k8s.key(obj)
+        if k in run.conflicts:
+            continue
+        what = f"{obj['kind']} {obj['metadata']['name']}"
+        try:
+            new = k8s.apply(run.api, obj)
+        except client.ApiException as e:
+            metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
+            if not k8s.refused(e):
+                raise
+            refused.append(f"{what}: {k8s.api_message(e)}")
+            continue
+        action = _action(run.ours.get(k), new)
+        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
+        if action is not None:
+            run.actions[action].append(what)
+    if refused:
+        message = "the apiserver refused " + "; ".join(refused)
+        run.failure = run.failure or Failure(Reason.APPLY_FAILED, message)
+        if run.failure.reason != Reason.APPLY_FAILED:
+            run.failure = Failure(run.failure.reason, f"{run.failure.message}; {message}")
+
+
+def _action(old: Manifest | None, new: Manifest) -> Reason | None:
+    if old is None:
+        return Reason.CREATED
+    gen_old, gen_new = old["metadata"].get("generation"), new["metadata"].get("generation")
+    if gen_old is not None:
+        changed = gen_old != gen_new
+    else:
+        changed = old["metadata"].get("resourceVersion") != new["metadata"].get("resourceVersion")
+    return Reason.UPDATED if changed else None
+
+
+def prune(run: Run) -> None:
+    """Delete what this CR owns and no longer wants (only after a clean apply)."""
+    if run.failure is not None:
+        return
+    for obj in k8s.stale(run.ours.values(), run.desired):
+        k8s.delete(run.api, obj)
+        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action="pruned").inc()
+        run.actions[Reason.PRUNED].append(f"{obj['kind']} {obj['metadata']['name']}")
+
+
+STEPS: tuple[tuple[str, Callable[[Run], None]], ...] = (
+    ("parse", parse),
+    ("build", build),
+    ("claim", claim),
+    ("apply", apply_children),
+    ("prune", prune),
+)
+"""The reconcile of one CR; any step may end it with a Failure (see `run_steps`), then observe + report run."""
+
+
+def run_steps(run: Run) -> None:
+    for name, step in STEPS:
+        try:
+            step(run)
+        except SpecError as err:
+            run.failure = Failure(Reason.INVALID_SPEC, err.message)
+        except client.ApiException as e:
+            if not k8s.refused(e):
+                raise TransientError(f"{name}: {k8s.api_message(e)}") from e
+            run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {k8s.api_message(e)}")
+        except Exception as e:  # a bug or input no check foresaw: this CR's problem only
+            run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {type(e).__name__}: {e}")
+        if run.failure is not None and run.failure.reason != Reason.OWNERSHIP_CONFLICT:
+            return
+
+
+def observe(run: Run) -> None:
+    run.observed = report.observe_deployments(run.api, run.namespace, run.name, run.uid)
+    run.pods = report.observe_pods(run.api, run.namespace, run.name)
+    if run.nodes is None:
+        run.nodes = report.observe_nodes(run.api)
+
+
+def write_report(run: Run) -> dict[str, Any]:
+    """Status from what runs now, Events for what changed, metrics."""
+    md = run.body["metadata"]
+    previous = (run.body.get("status") or {}).get("conditions") or []
+    status = compute_status(
+        name=run.name,
+        namespace=run.namespace,
+        spec=run.cr.spec if run.cr is not None and run.profile is not None else None,
+        observed=run.observed,
+        pods=run.pods,
+        nodes=run.nodes,
+        generation=md.get("generation"),
+        profile=run.profile,
+        failure=run.failure,
+        notes=run.notes,
+        previous=previous,
+        now=report.now(),
     )
-    try:
-        client.CoreV1Api(api).create_namespaced_event(md["namespace"], ev)
-    except client.ApiException as e:  # an Event is best effort; never fail a reconcile over it
-        metrics.API_ERRORS.labels(op="event", status=str(e.status)).inc()
+    report.write_status(run.api, run.body, status)
+    for action, whats in run.actions.items():
+        report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
+    for type_, reason, message in transitions(previous, status["conditions"]):
+        report.event(run.api, run.body, type_, reason, message)
+    _update_metrics(run.namespace, run.name, status)
+    return status
+
+
+def transitions(previous: list[Mapping[str, Any]], current: list[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """The Events a status change deserves (type, reason, message): Ready turning True, a new failure (reason or
+    message changed), Degraded turning True or changing its reason. Nothing when nothing changed (pure)."""
+    prev = {c.get("type"): c for c in previous}
+    cur = {c.get("type"): c for c in current}
+    out: list[tuple[str, str, str]] = []
+    ready, was = cur.get(ConditionType.READY) or {}, prev.get(ConditionType.READY) or {}
+    if ready.get("reason") in FAILURE_REASONS:
+        if (was.get("reason"), was.get("message")) != (ready.get("reason"), ready.get("message")):
+            out.append(("Warning", str(ready["reason"]), str(ready.get("message", ""))))
+        return out
+    if ready.get("status") == "True" and was.get("status") != "True":
+        out.append(("Normal", str(ready["reason"]), str(ready.get("message", ""))))
+    deg, was_deg = cur.get(ConditionType.DEGRADED) or {}, prev.get(ConditionType.DEGRADED) or {}
+    new_problem = (was_deg.get("status"), was_deg.get("reason")) != ("True", deg.get("reason"))
+    if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS and new_problem:
+        out.append(("Warning", str(deg["reason"]), str(deg.get("message", ""))))
+    return out
 
 
 def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -135,167 +286,59 @@ def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> Non
         metrics.DESIRED_REPLICAS.labels(namespace, name, comp).set(int(desired or 0))
 
 
-def _reject(api: client.ApiClient, body: kopf.Body, err: SpecError, *, post_event: bool) -> dict[str, Any]:
-    md = body["metadata"]
-    if post_event:
-        _event(api, body, "Warning", "InvalidSpec", err.message)
-    observed = _observe(api, md["namespace"], md["name"])
-    status = compute_status(
-        name=md["name"],
-        namespace=md["namespace"],
-        spec=None,
-        observed=observed,
-        generation=md.get("generation"),
-        error=err,
-        previous=(body.get("status") or {}).get("conditions") or [],
-        now=_now(),
-    )
-    _write_status(api, body, status)
-    _update_metrics(md["namespace"], md["name"], status)
-    return status
-
-
-def _apply_all(
-    api: client.ApiClient, body: kopf.Body, cr: HybridPDDeployment, profile: Profile
-) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
-    """Apply the desired set, prune the rest; returns the applied role Deployments and notes for status."""
-    ns, name = cr.metadata.namespace or "", cr.metadata.name
-    notes: list[str] = []
-    desired = build_all(cr, profile)
-    kinds = list(k8s.KINDS)
-    if not k8s.api_available(api, *PODMONITOR):
-        kinds = [k for k in kinds if (k.api_version, k.kind) != PODMONITOR]
-        if any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired):
-            notes.append(
-                "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
-            )
-            desired = [d for d in desired if (d["apiVersion"], d["kind"]) != PODMONITOR]
-    existing = {k8s.key(e): e for e in k8s.list_children(api, ns, instance_selector(name), kinds=kinds)}
-    applied: dict[str, dict[str, Any]] = {}
-    for obj in desired:
-        kopf.append_owner_reference(obj, owner=body)
-        old = existing.get(k8s.key(obj))
-        new = k8s.apply(api, obj)
-        if old is None:
-            action = "created"
-        else:
-            gen_old, gen_new = old["metadata"].get("generation"), new["metadata"].get("generation")
-            changed = (
-                gen_old != gen_new
-                if gen_old is not None
-                else (old["metadata"].get("resourceVersion") != new["metadata"].get("resourceVersion"))
-            )
-            action = "updated" if changed else "unchanged"
-        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action=action).inc()
-        if action != "unchanged":
-            _event(api, body, "Normal", action.capitalize(), f"{action} {obj['kind']} {obj['metadata']['name']}")
-        if obj["kind"] == "Deployment":
-            applied[new["metadata"]["name"]] = new
-    for obj in k8s.stale(existing.values(), desired):
-        k8s.delete(api, obj)
-        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action="pruned").inc()
-        _event(api, body, "Normal", "Pruned", f"deleted {obj['kind']} {obj['metadata']['name']} (no longer desired)")
-    names = {"prefill": role_name(name, "prefill"), "decode": role_name(name, "decode")}
-    names[contract.COMPONENT_ROUTER] = router_name(name)
-    return {comp: applied.get(names[comp]) for comp in COMPONENTS}, notes
-
-
 _LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-"""One converge at a time per CR uid (the change handler and the resync timer run in kopf's thread pool)."""
+"""One converge at a time per CR uid (the change handler and the resync loop run in different threads)."""
 
 
-def converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
-    """Parse once -> profile -> build -> apply + prune -> status. Raises SpecError for an invalid spec (after
-    writing the InvalidSpec status) and ApiException for API failures."""
+def converge(
+    api: client.ApiClient, body: Mapping[str, Any], *, trigger: str, nodes: frozenset[str] | None = None
+) -> dict[str, Any]:
+    """The steps, then observe + report; returns the status written. Raises TransientError (and lets connection
+    errors through) only for failures worth a blind retry; everything else ends in this CR's status."""
     with _LOCKS[str(body["metadata"].get("uid"))]:
-        return _converge(api, body, trigger=trigger)
-
-
-def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
-    start = time.monotonic()
-    result = "error"
-    try:
+        start = time.monotonic()
+        run = Run(api, body, trigger, nodes=nodes)
+        result = "error"
         try:
-            cr = parse_cr(_cr_object(body))
-            profile = compute_profile(cr.spec)
-        except SpecError as err:
-            result = "invalid"
-            _reject(api, body, err, post_event=trigger != "resync")
-            raise
-        md = body["metadata"]
-        try:
-            observed, notes = _apply_all(api, body, cr, profile)
-        except client.ApiException as e:
-            metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
-            _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
-            raise
-        if trigger == "resync" or any(v is None for v in observed.values()):
-            observed = _observe(api, md["namespace"], md["name"])
-        status = compute_status(
-            name=md["name"],
-            namespace=md["namespace"],
-            spec=cr.spec,
-            observed=observed,
-            generation=md.get("generation"),
-            profile=profile,
-            notes=notes,
-            previous=(body.get("status") or {}).get("conditions") or [],
-            now=_now(),
-        )
-        _write_status(api, body, status)
-        _update_metrics(md["namespace"], md["name"], status)
-        result = "ok"
-        return status
-    finally:
-        metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
-        metrics.RECONCILE_SECONDS.labels(result=result).observe(time.monotonic() - start)
-
-
-def _transient(e: client.ApiException) -> kopf.TemporaryError:
-    return kopf.TemporaryError(f"Kubernetes API error {e.status} {e.reason}; retrying", delay=10)
+            run_steps(run)
+            try:
+                observe(run)
+            except client.ApiException as e:
+                raise TransientError(f"observe: {k8s.api_message(e)}") from e
+            status = write_report(run)
+            result = "ok" if run.failure is None else str(run.failure.reason)
+            return status
+        finally:
+            metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
+            metrics.RECONCILE_SECONDS.labels(result=result).observe(time.monotonic() - start)
 
 
 @kopf.on.resume(*RESOURCE, id="reconcile")
 @kopf.on.create(*RESOURCE, id="reconcile")
 @kopf.on.update(*RESOURCE, field="spec", id="reconcile")
 def reconcile(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
+    """A failure of this CR is in its status (and one Event); only transient API trouble is retried here (the
+    resync loop retries everything else on its next round)."""
     try:
         converge(memo.api, body, trigger=str(reason))
-    except SpecError as err:
-        raise kopf.PermanentError(err.message) from None
-    except client.ApiException as e:
-        raise _transient(e) from None
-    except Exception as e:  # a bug or an unexpected reply: an Event, then kopf retries with backoff (no crash loop)
-        _event(memo.api, body, "Warning", "ReconcileError", f"{type(e).__name__}: {e}")
-        raise kopf.TemporaryError(f"reconcile failed: {e!r}", delay=30) from e
-
-
-def _list_crs(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-    co = client.CustomObjectsApi(api)
-    if not namespaces:
-        data = cast("dict[str, Any]", co.list_cluster_custom_object(*RESOURCE))
-        return list(data.get("items", []))
-    out: list[dict[str, Any]] = []
-    for ns in namespaces:
-        page = cast(
-            "dict[str, Any]", co.list_namespaced_custom_object(contract.GROUP, contract.VERSION, ns, contract.PLURAL)
-        )
-        out += page.get("items", [])
-    return out
+    except Exception as e:
+        raise kopf.TemporaryError(f"reconcile failed, retrying: {e!r}", delay=10) from e
 
 
 def resync_once(api: client.ApiClient, logger: kopf.Logger) -> None:
-    """Converge every CR in the watched namespaces once (drift correction + fresh status)."""
-    for raw in _list_crs(api, settings.current().namespaces):
+    """Converge every CR in the watched namespaces once (drift correction + fresh status). One CR's failure never
+    stops the round."""
+    crs = report.list_crs(api, settings.current().namespaces)
+    nodes = report.observe_nodes(api) if crs else None
+    for raw in crs:
         if raw.get("metadata", {}).get("deletionTimestamp"):
             continue
-        body = kopf.Body(cast("kopf.RawBody", raw))
         try:
-            converge(api, body, trigger="resync")
-        except SpecError:
-            pass  # status already says InvalidSpec; the Event was posted by reconcile
-        except client.ApiException as e:
-            logger.warning(f"resync {raw['metadata'].get('name')}: API error {e.status} {e.reason}; retry next round")
+            converge(api, raw, trigger="resync", nodes=nodes)
+        except Exception as e:  # transient API trouble, or a failed status write: next round
+            md = raw.get("metadata", {})
+            metrics.API_ERRORS.labels(op="resync", status=type(e).__name__).inc()
+            logger.warning(f"resync {md.get('namespace')}/{md.get('name')}: {e!r}; retry next round")
 
 
 async def _resync_loop(api: client.ApiClient, logger: kopf.Logger) -> None:
