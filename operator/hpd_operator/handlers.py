@@ -32,11 +32,11 @@ from hpd_operator import apply as k8s
 from hpd_operator import metrics, report, settings
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders import Manifest, build_all, instance_selector
-from hpd_operator.conditions import FAILURE_REASONS, ROLE_PROBLEM_REASONS, ConditionType, Failure, Reason
+from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
-from hpd_operator.status import COMPONENTS, compute_status
+from hpd_operator.status import COMPONENTS, compute_status, transitions
 from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
@@ -90,6 +90,7 @@ class Run:
     actions: dict[Reason, list[str]] = field(default_factory=lambda: defaultdict(list))
     observed: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    podmonitor_served: bool = False
     failure: Failure | None = None
 
     @property
@@ -118,8 +119,14 @@ def parse(run: Run) -> None:
 def build(run: Run) -> None:
     """The whole desired set, owned by the CR; PodMonitors only where the apiserver serves them."""
     assert run.cr is not None and run.profile is not None
-    desired = build_all(run.cr, run.profile)
-    if any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired) and not k8s.api_available(run.api, *PODMONITOR):
+    try:
+        desired = build_all(run.cr, run.profile)
+    except Exception as e:  # the schema let through something a builder cannot use: say where to look
+        free = free_form_fields(run.cr)
+        hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""
+        raise BuildError(f"{type(e).__name__}: {e}{hint}") from e
+    run.podmonitor_served = k8s.api_available(run.api, *PODMONITOR)
+    if not run.podmonitor_served and any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired):
         run.notes.append(
             "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
         )
@@ -129,9 +136,28 @@ def build(run: Run) -> None:
     run.desired = desired
 
 
+class BuildError(Exception):
+    """A builder raised on a spec the schema accepted."""
+
+
+def free_form_fields(cr: HybridPDDeployment) -> list[str]:
+    """The spec fields the CRD preserves as written (podTemplate, affinity, tolerations, env valueFrom)."""
+    out = []
+    for role in contract.ROLES:
+        rs = cr.spec.role(role)
+        for fname, value in (
+            ("podTemplate", rs.pod_template),
+            ("affinity", rs.affinity),
+            ("tolerations", rs.tolerations),
+        ):
+            if value:
+                out.append(f"spec.{role}.{fname}")
+    out += [f"spec.env[{i}].valueFrom" for i, e in enumerate(cr.spec.env) if e.value_from is not None]
+    return out
+
+
 def _kinds(run: Run) -> list[k8s.Kind]:
-    served = k8s.api_available(run.api, *PODMONITOR) if any(d["kind"] == "PodMonitor" for d in run.desired) else None
-    return [k for k in k8s.KINDS if (k.api_version, k.kind) != PODMONITOR or served]
+    return [k for k in k8s.KINDS if (k.api_version, k.kind) != PODMONITOR or run.podmonitor_served]
 
 
 def claim(run: Run) -> None:
@@ -233,7 +259,9 @@ def observe(run: Run) -> None:
 def write_report(run: Run) -> dict[str, Any]:
     """Status from what runs now, Events for what changed, metrics."""
     md = run.body["metadata"]
-    previous = (run.body.get("status") or {}).get("conditions") or []
+    # What this process wrote last is at least as new as the body (a resync round lists the CRs before it converges
+    # them, and the change handler may write in between): compare with it, so no transition is reported twice.
+    previous = _REPORTED.get(run.uid) or (run.body.get("status") or {}).get("conditions") or []
     status = compute_status(
         name=run.name,
         namespace=run.namespace,
@@ -249,32 +277,13 @@ def write_report(run: Run) -> dict[str, Any]:
         now=report.now(),
     )
     report.write_status(run.api, run.body, status)
+    _REPORTED[run.uid] = status["conditions"]
     for action, whats in run.actions.items():
         report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
     for type_, reason, message in transitions(previous, status["conditions"]):
         report.event(run.api, run.body, type_, reason, message)
     _update_metrics(run.namespace, run.name, status)
     return status
-
-
-def transitions(previous: list[Mapping[str, Any]], current: list[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
-    """The Events a status change deserves (type, reason, message): Ready turning True, a new failure (reason or
-    message changed), Degraded turning True or changing its reason. Nothing when nothing changed (pure)."""
-    prev = {c.get("type"): c for c in previous}
-    cur = {c.get("type"): c for c in current}
-    out: list[tuple[str, str, str]] = []
-    ready, was = cur.get(ConditionType.READY) or {}, prev.get(ConditionType.READY) or {}
-    if ready.get("reason") in FAILURE_REASONS:
-        if (was.get("reason"), was.get("message")) != (ready.get("reason"), ready.get("message")):
-            out.append(("Warning", str(ready["reason"]), str(ready.get("message", ""))))
-        return out
-    if ready.get("status") == "True" and was.get("status") != "True":
-        out.append(("Normal", str(ready["reason"]), str(ready.get("message", ""))))
-    deg, was_deg = cur.get(ConditionType.DEGRADED) or {}, prev.get(ConditionType.DEGRADED) or {}
-    new_problem = (was_deg.get("status"), was_deg.get("reason")) != ("True", deg.get("reason"))
-    if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS and new_problem:
-        out.append(("Warning", str(deg["reason"]), str(deg.get("message", ""))))
-    return out
 
 
 def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -286,6 +295,8 @@ def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> Non
         metrics.DESIRED_REPLICAS.labels(namespace, name, comp).set(int(desired or 0))
 
 
+_REPORTED: dict[str, list[dict[str, Any]]] = {}
+"""CR uid -> the conditions this process last wrote."""
 _LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 """One converge at a time per CR uid (the change handler and the resync loop run in different threads)."""
 
@@ -369,3 +380,4 @@ def forget(meta: kopf.Meta, **_: Any) -> None:
     """No finalizer (optional=True): children go by garbage collection; only our metrics need forgetting."""
     metrics.forget(str(meta.get("namespace")), str(meta.get("name")))
     _LOCKS.pop(str(meta.get("uid")), None)
+    _REPORTED.pop(str(meta.get("uid")), None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from hpd_operator.conditions import Phase
+
 RECONCILES = Counter("hpd_operator_reconciles_total", "Reconciles by trigger and result", ["trigger", "result"])
 RECONCILE_SECONDS = Histogram(
     "hpd_operator_reconcile_duration_seconds",
@@ -21,7 +23,7 @@ DESIRED_REPLICAS = Gauge(
 )
 API_ERRORS = Counter("hpd_operator_api_errors_total", "Kubernetes API errors by operation and status", ["op", "status"])
 
-PHASES = ("Pending", "Progressing", "Ready", "Degraded", "Failed")
+PHASES = tuple(str(p) for p in Phase)
 _phase_of: dict[tuple[str, str], str] = {}
 
 

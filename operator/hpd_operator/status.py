@@ -14,7 +14,15 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.builders import endpoint_url, selector_string
-from hpd_operator.conditions import COMPONENT_CONDITION, ConditionType, Failure, Phase, Reason
+from hpd_operator.conditions import (
+    COMPONENT_CONDITION,
+    FAILURE_REASONS,
+    ROLE_PROBLEM_REASONS,
+    ConditionType,
+    Failure,
+    Phase,
+    Reason,
+)
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile
 from hpd_runtime import contract
@@ -294,3 +302,25 @@ def _stamp(
             c["lastTransitionTime"] = now
         if generation is not None:
             c["observedGeneration"] = generation
+
+
+def transitions(
+    previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """The Events a status change deserves (type, reason, message): Ready turning True, a new failure (reason or
+    message changed), Degraded turning True or changing its reason. Nothing when nothing changed (pure)."""
+    prev = {c.get("type"): c for c in previous}
+    cur = {c.get("type"): c for c in current}
+    out: list[tuple[str, str, str]] = []
+    ready, was = cur.get(ConditionType.READY) or {}, prev.get(ConditionType.READY) or {}
+    if ready.get("reason") in FAILURE_REASONS:
+        if (was.get("reason"), was.get("message")) != (ready.get("reason"), ready.get("message")):
+            out.append(("Warning", str(ready["reason"]), str(ready.get("message", ""))))
+        return out
+    if ready.get("status") == "True" and was.get("status") != "True":
+        out.append(("Normal", str(ready["reason"]), str(ready.get("message", ""))))
+    deg, was_deg = cur.get(ConditionType.DEGRADED) or {}, prev.get(ConditionType.DEGRADED) or {}
+    new_problem = (was_deg.get("status"), was_deg.get("reason")) != ("True", deg.get("reason"))
+    if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS and new_problem:
+        out.append(("Warning", str(deg["reason"]), str(deg.get("message", ""))))
+    return out
