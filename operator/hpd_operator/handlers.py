@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
+import urllib3
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
@@ -243,8 +244,11 @@ def run_steps(run: Run) -> None:
             if not k8s.refused(e):
                 raise TransientError(f"{name}: {k8s.api_message(e)}") from e
             run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {k8s.api_message(e)}")
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # no connection: nothing to say about this CR
+            raise TransientError(f"{name}: {e!r}") from e
         except Exception as e:  # a bug or input no check foresaw: this CR's problem only
-            run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {type(e).__name__}: {e}")
+            what = str(e) if isinstance(e, BuildError) else f"{type(e).__name__}: {e}"
+            run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {what}")
         if run.failure is not None and run.failure.reason != Reason.OWNERSHIP_CONFLICT:
             return
 
@@ -252,7 +256,7 @@ def run_steps(run: Run) -> None:
 def observe(run: Run) -> None:
     run.observed = report.observe_deployments(run.api, run.namespace, run.name, run.uid)
     run.pods = report.observe_pods(run.api, run.namespace, run.name)
-    if run.nodes is None:
+    if run.trigger != "resync":  # a resync round lists the nodes once for every CR
         run.nodes = report.observe_nodes(run.api)
 
 

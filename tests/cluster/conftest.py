@@ -11,14 +11,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
-from .kube import CRD, REPO, RESYNC, free_port, kubectl
+from hpd_devcluster.testing import wait_for
+
+from .kube import CRD, REPO, RESYNC, G, P, free_port, kubectl
 
 
 @pytest.fixture(scope="session")
-def crd(kubeconfig: Path) -> None:
+def crd(kubeconfig: Path, api_client: client.ApiClient) -> None:
     kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=30s", "crd/hybridpddeployments.hybridpd.io")
+    ext = client.ApiextensionsV1Api(api_client)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(f"{P}.{G}").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    # polled, not `kubectl wait`: that can fail at once when it runs before the CRD's first status
+    wait_for(established, 30, what="the CRD Established")
 
 
 class Operator:
