@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, cast
@@ -83,7 +82,7 @@ def _write_status(api: client.ApiClient, body: kopf.Body, status: dict[str, Any]
             contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
         )
     except client.ApiException as e:
-        metrics.API_ERRORS.labels(op="status", status=str(e.status)).inc()
+        metrics.api_error("status", e.status)
         if e.status != 404:  # the CR is gone: nothing to report on
             raise
 
@@ -123,16 +122,7 @@ def _event(api: client.ApiClient, body: kopf.Body, type_: str, reason: str, mess
     try:
         client.CoreV1Api(api).create_namespaced_event(md["namespace"], ev)
     except client.ApiException as e:  # an Event is best effort; never fail a reconcile over it
-        metrics.API_ERRORS.labels(op="event", status=str(e.status)).inc()
-
-
-def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> None:
-    metrics.set_phase(namespace, name, status.get("phase"))
-    for comp in COMPONENTS:
-        rs = status.get(comp) or {}
-        metrics.READY_REPLICAS.labels(namespace, name, comp).set(rs.get("readyReplicas", 0))
-        desired = str(rs.get("summary", "0/0")).split("/")[-1]
-        metrics.DESIRED_REPLICAS.labels(namespace, name, comp).set(int(desired or 0))
+        metrics.api_error("event", e.status)
 
 
 def _reject(api: client.ApiClient, body: kopf.Body, err: SpecError, *, post_event: bool) -> dict[str, Any]:
@@ -151,7 +141,7 @@ def _reject(api: client.ApiClient, body: kopf.Body, err: SpecError, *, post_even
         now=_now(),
     )
     _write_status(api, body, status)
-    _update_metrics(md["namespace"], md["name"], status)
+    metrics.record_status(md["namespace"], md["name"], status, md.get("creationTimestamp"))
     return status
 
 
@@ -186,14 +176,14 @@ def _apply_all(
                 else (old["metadata"].get("resourceVersion") != new["metadata"].get("resourceVersion"))
             )
             action = "updated" if changed else "unchanged"
-        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action=action).inc()
+        metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=action).inc()
         if action != "unchanged":
             _event(api, body, "Normal", action.capitalize(), f"{action} {obj['kind']} {obj['metadata']['name']}")
         if obj["kind"] == "Deployment":
             applied[new["metadata"]["name"]] = new
     for obj in k8s.stale(existing.values(), desired):
         k8s.delete(api, obj)
-        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action="pruned").inc()
+        metrics.OBJECTS_PRUNED.labels(kind=obj["kind"]).inc()
         _event(api, body, "Normal", "Pruned", f"deleted {obj['kind']} {obj['metadata']['name']} (no longer desired)")
     names = {"prefill": role_name(name, "prefill"), "decode": role_name(name, "decode")}
     names[contract.COMPONENT_ROUTER] = router_name(name)
@@ -207,48 +197,40 @@ _LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 def converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
     """Parse once -> profile -> build -> apply + prune -> status. Raises SpecError for an invalid spec (after
     writing the InvalidSpec status) and ApiException for API failures."""
-    with _LOCKS[str(body["metadata"].get("uid"))]:
+    with _LOCKS[str(body["metadata"].get("uid"))], metrics.reconcile():
         return _converge(api, body, trigger=trigger)
 
 
 def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
-    start = time.monotonic()
-    result = "error"
     try:
-        try:
-            cr = parse_cr(_cr_object(body))
-            profile = compute_profile(cr.spec)
-        except SpecError as err:
-            result = "invalid"
-            _reject(api, body, err, post_event=trigger != "resync")
-            raise
-        md = body["metadata"]
-        try:
-            observed, notes = _apply_all(api, body, cr, profile)
-        except client.ApiException as e:
-            metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
-            _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
-            raise
-        if trigger == "resync" or any(v is None for v in observed.values()):
-            observed = _observe(api, md["namespace"], md["name"])
-        status = compute_status(
-            name=md["name"],
-            namespace=md["namespace"],
-            spec=cr.spec,
-            observed=observed,
-            generation=md.get("generation"),
-            profile=profile,
-            notes=notes,
-            previous=(body.get("status") or {}).get("conditions") or [],
-            now=_now(),
-        )
-        _write_status(api, body, status)
-        _update_metrics(md["namespace"], md["name"], status)
-        result = "ok"
-        return status
-    finally:
-        metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
-        metrics.RECONCILE_SECONDS.labels(result=result).observe(time.monotonic() - start)
+        cr = parse_cr(_cr_object(body))
+        profile = compute_profile(cr.spec)
+    except SpecError as err:
+        _reject(api, body, err, post_event=trigger != "resync")
+        raise
+    md = body["metadata"]
+    try:
+        observed, notes = _apply_all(api, body, cr, profile)
+    except client.ApiException as e:
+        metrics.api_error("apply", e.status)
+        _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
+        raise
+    if trigger == "resync" or any(v is None for v in observed.values()):
+        observed = _observe(api, md["namespace"], md["name"])
+    status = compute_status(
+        name=md["name"],
+        namespace=md["namespace"],
+        spec=cr.spec,
+        observed=observed,
+        generation=md.get("generation"),
+        profile=profile,
+        notes=notes,
+        previous=(body.get("status") or {}).get("conditions") or [],
+        now=_now(),
+    )
+    _write_status(api, body, status)
+    metrics.record_status(md["namespace"], md["name"], status, md.get("creationTimestamp"))
+    return status
 
 
 def _transient(e: client.ApiException) -> kopf.TemporaryError:
@@ -305,7 +287,7 @@ async def _resync_loop(api: client.ApiClient, logger: kopf.Logger) -> None:
         try:
             await asyncio.to_thread(resync_once, api, logger)
         except Exception as e:  # the loop must survive anything; the next round retries
-            metrics.API_ERRORS.labels(op="resync", status=type(e).__name__).inc()
+            metrics.api_error("resync", type(e).__name__)
             logger.warning(f"resync round failed: {e!r}")
 
 

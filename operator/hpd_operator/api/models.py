@@ -275,6 +275,8 @@ class MonitoringSpec(_Model):
     pod_monitor: bool = False
     """Create PodMonitors (when the Prometheus Operator CRDs exist)."""
     interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    """Extra labels on the PodMonitors, e.g. `release: kube-prometheus-stack` (its Prometheus selects on it)."""
 
 
 class EnvVar(_Model):
