@@ -3,7 +3,8 @@
 Label conventions (what the PodMonitors and the operator put on every series): `namespace`, `hybridpddeployment`
 (the CR), `role` (prefill/decode/router), `pod`. vLLM 0.20 names (vllm:*), vllm-router 0.1.17 names
 (vllm_router_*), the runtime's (hpd_runtime_*) and the operator's (controller_runtime_*, hpd_operator_*).
-Each alert has a unit test in tests/monitoring/rules_test.yaml (fires on the failure, silent when healthy).
+Each alert has a promtool unit test in tests/monitoring/test_rules.py (fires on the failure, silent when healthy).
+Annotations use only `$labels` (no `$value`), so the expected annotations of a unit test follow from its labels.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ KV_TRANSFER = (
         for_="0m",
         severity="warning",
         summary="NIXL KV transfers fail on decode pod {{ $labels.pod }}",
-        description="{{ $value | humanize }} KV transfers from prefill failed on {{ $labels.namespace }}/"
-        "{{ $labels.pod }} in 5 minutes; with kvTransfer.loadFailurePolicy=fail those requests end in HTTP 500.",
+        description="KV transfers from prefill failed on {{ $labels.namespace }}/{{ $labels.pod }} in the last "
+        "5 minutes; with kvTransfer.loadFailurePolicy=fail those requests end in HTTP 500.",
         runbook="Check the decode pod's log for 'NIXL transfer failure' and the UCX transports (spec.kvTransfer.ucx); "
         "a prefill pod that restarted leaves stale handshakes until decode reconnects.",
     ),
@@ -80,8 +81,8 @@ KV_TRANSFER = (
         for_="0m",
         severity="warning",
         summary="Prefill pod {{ $labels.pod }} freed KV that decode never pulled",
-        description="{{ $value | humanize }} requests' KV expired on {{ $labels.namespace }}/{{ $labels.pod }} "
-        "in 10 minutes: decode died, never pulled, or the router lost the request.",
+        description="Requests' KV expired on {{ $labels.namespace }}/{{ $labels.pod }} in the last 10 minutes:"
+        " decode died, never pulled, or the router lost the request.",
         runbook="Look for decode restarts and router errors at the same time (HPDRouterPDErrors, decode pod events).",
     ),
     Alert(
@@ -93,7 +94,7 @@ KV_TRANSFER = (
         for_="10m",
         severity="warning",
         summary="NIXL KV transfer p99 above 1 s in {{ $labels.namespace }}/{{ $labels.hybridpddeployment }}",
-        description="p99 of one P->D KV transfer is {{ $value | humanizeDuration }}.",
+        description="The p99 of one P->D KV transfer has been above 1 s for 10 minutes.",
         runbook="Check that UCX uses RDMA/NVLink (UCX_TLS in spec.kvTransfer.ucx) and not TCP; compare bytes per "
         "transfer on the dashboard.",
     ),
@@ -108,8 +109,8 @@ KV_TRANSFER = (
         severity="warning",
         summary="Decode computes prompts itself instead of receiving KV in "
         "{{ $labels.namespace }}/{{ $labels.hybridpddeployment }}",
-        description="{{ $value | humanizePercentage }} of decode's prompt tokens are computed locally: P/D is not "
-        "saving prefill work.",
+        description="More than half of decode's prompt tokens are computed locally for 10 minutes: P/D is "
+        "not saving prefill work.",
         runbook="Check that requests go through the router (not straight to decode) and that decode's "
         "vllm:nixl_xfer_time_seconds_count grows.",
     ),
@@ -123,7 +124,7 @@ KV_TRANSFER = (
         for_="5m",
         severity="critical",
         summary="Requests wait for remote KV on decode pod {{ $labels.pod }} and no transfer completes",
-        description="{{ $value }} requests deferred on {{ $labels.namespace }}/{{ $labels.pod }} for 5 minutes "
+        description="Requests deferred on {{ $labels.namespace }}/{{ $labels.pod }} for 5 minutes "
         "with no completed KV transfer.",
         runbook="Check the prefill pods (Ready, vllm:nixl_num_kv_expired_reqs_total) and the decode log for "
         "handshake errors; restarting the decode pod re-does the handshake.",
@@ -134,8 +135,8 @@ KV_TRANSFER = (
         for_="5m",
         severity="warning",
         summary="Requests end in error on {{ $labels.pod }}",
-        description="{{ $value | humanize }} requests/s finish with reason=error on {{ $labels.namespace }}/"
-        "{{ $labels.pod }} (in P/D mostly failed KV loads; clients get HTTP 500).",
+        description="Requests finish with reason=error on {{ $labels.namespace }}/{{ $labels.pod }}"
+        " (in P/D mostly failed KV loads; clients get HTTP 500).",
         runbook="Correlate with HPDNixlTransfersFailing; see the pod's log for the failed request ids.",
     ),
 )
@@ -177,7 +178,7 @@ ROUTER = (
         for_="5m",
         severity="warning",
         summary="More than 5% of P/D requests fail at router {{ $labels.pod }}",
-        description="{{ $value | humanizePercentage }} of prefill or decode requests fail at the router.",
+        description="More than 5% of prefill or decode requests fail at the router for 5 minutes.",
         runbook="The dashboard's router row shows which stage fails; then see that role's pods.",
     ),
 )
