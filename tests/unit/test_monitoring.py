@@ -118,3 +118,17 @@ def test_dashboard_covers_every_role_row() -> None:
     ]
     dash = dashboard.build_dashboard()
     assert dash["uid"] == dashboard.UID and len(dashboard.queries(copy.deepcopy(dash))) >= 40
+
+
+def test_docs_list_every_operator_metric_and_every_alert() -> None:
+    doc = (REPO / "docs" / "monitoring.md").read_text()
+    from prometheus_client import REGISTRY
+
+    names = set()
+    for collector in list(REGISTRY._collector_to_names):  # every metric this process registered
+        for m in collector.collect():
+            if m.name.startswith(("controller_runtime_", "hpd_operator_")):
+                names.add(m.name + ("_total" if m.type == "counter" else ""))
+    assert len(names) == 13
+    assert [n for n in sorted(names) if f"`{n}`" not in doc] == []
+    assert [a.name for a in rules.alerts() if f"`{a.name}`" not in doc] == []
