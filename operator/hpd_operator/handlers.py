@@ -216,7 +216,8 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
     result = "error"
     try:
         try:
-            cr = parse_cr(_cr_object(body))
+            cfg = settings.current()
+            cr = parse_cr(_cr_object(body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
             profile = compute_profile(cr.spec)
         except SpecError as err:
             result = "invalid"
