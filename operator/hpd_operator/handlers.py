@@ -203,7 +203,8 @@ def converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[st
 
 def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
     try:
-        cr = parse_cr(_cr_object(body))
+        cfg = settings.current()
+        cr = parse_cr(_cr_object(body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
         profile = compute_profile(cr.spec)
     except SpecError as err:
         _reject(api, body, err, post_event=trigger != "resync")
