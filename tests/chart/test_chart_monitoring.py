@@ -15,7 +15,7 @@ import yaml
 from hpd_operator.monitoring import __main__ as gen
 from hpd_operator.monitoring import rules
 
-from .helmkit import Helm
+from .helmkit import CHART, Helm
 
 
 def promtool() -> str:
@@ -109,3 +109,45 @@ def test_prometheus_rule_overrides_disable_and_extra_labels(helm: Helm, tmp_path
         [promtool(), "check", "rules", str(spec)], capture_output=True, text=True, timeout=60, check=False
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+MONITORING_BAD: list[tuple[dict[str, Any], str, str]] = [
+    ({"dashboards": {"labelValue": 1}}, "dashboards.labelValue", "Expected: string, given: integer"),
+    ({"dashboards": {"enable": True}}, "dashboards", "Additional property enable is not allowed"),
+    ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "metrics.serviceMonitor.interval", "Does not match"),
+    (
+        {"prometheusRule": {"overrides": {"HPDNotReady": {"for": "soon"}}}},
+        "prometheusRule.overrides.HPDNotReady.for",
+        "Does not match",
+    ),
+    (
+        {"prometheusRule": {"additionalLabels": {"release": 1}}},
+        "prometheusRule.additionalLabels.release",
+        "Expected: string",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad", "field", "rule"), MONITORING_BAD, ids=[b[1] for b in MONITORING_BAD])
+def test_schema_rejects_bad_monitoring_values(
+    helm: Helm, tmp_path: Path, bad: dict[str, Any], field: str, rule: str
+) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(bad))
+    p = helm.run("template", "x", str(CHART), "-f", str(f), check=False)
+    assert p.returncode != 0, f"helm accepted {bad}"
+    assert any(line.startswith(f"- {field}: ") and rule in line for line in p.stderr.splitlines()), p.stderr
+
+
+def test_service_monitor_without_the_metrics_service_is_refused(helm: Helm) -> None:
+    p = helm.run(
+        "template",
+        "x",
+        str(CHART),
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.service.enabled=false",
+        check=False,
+    )
+    assert p.returncode != 0 and "metrics.serviceMonitor.enabled needs metrics.service.enabled" in p.stderr
