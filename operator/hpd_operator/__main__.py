@@ -10,6 +10,7 @@ from hpd_operator import render
 
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from hpd_operator import settings as s
+    from hpd_operator.api import constants as c
 
     p = sub.add_parser("run", help="run the operator (cluster-wide, or only in --namespace NS ...)")
     p.add_argument(
@@ -22,6 +23,10 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=float,
         default=s.RESYNC_SECONDS_DEFAULT,
         help="re-apply + status interval per CR (drift correction)",
+    )
+    p.add_argument("--vllm-image", default=c.DEFAULT_VLLM_IMAGE, help="vLLM image of CRs that leave spec.image out")
+    p.add_argument(
+        "--router-image", default=c.DEFAULT_ROUTER_IMAGE, help="router image of CRs that leave spec.router.image out"
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
@@ -39,6 +44,8 @@ def run(ns: argparse.Namespace) -> int:
             metrics_port=ns.metrics_port,
             liveness_port=ns.liveness_port,
             resync_seconds=ns.resync_seconds,
+            vllm_image=ns.vllm_image,
+            router_image=ns.router_image,
         )
     )
     from hpd_operator import handlers  # noqa: F401  (registers the handlers, reading the configured interval)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
-from hpd_operator.status import COMPONENTS, compute_status, transitions
+from hpd_operator.status import compute_status, transitions
 from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
@@ -187,13 +186,13 @@ def apply_children(run: Run) -> None:
         try:
             new = k8s.apply(run.api, obj)
         except client.ApiException as e:
-            metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
+            metrics.api_error("apply", e.status)
             if not k8s.refused(e):
                 raise
             refused.append(f"{what}: {k8s.api_message(e)}")
             continue
         action = _action(run.ours.get(k), new)
-        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
+        metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
         if action is not None:
             run.actions[action].append(what)
     if refused:
@@ -220,7 +219,7 @@ def prune(run: Run) -> None:
         return
     for obj in k8s.stale(run.ours.values(), run.desired):
         k8s.delete(run.api, obj)
-        metrics.CHILDREN_APPLIED.labels(kind=obj["kind"], action="pruned").inc()
+        metrics.OBJECTS_PRUNED.labels(kind=obj["kind"]).inc()
         run.actions[Reason.PRUNED].append(f"{obj['kind']} {obj['metadata']['name']}")
 
 
@@ -286,17 +285,8 @@ def write_report(run: Run) -> dict[str, Any]:
         report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
     for type_, reason, message in transitions(previous, status["conditions"]):
         report.event(run.api, run.body, type_, reason, message)
-    _update_metrics(run.namespace, run.name, status)
+    metrics.record_status(run.namespace, run.name, status, md.get("creationTimestamp"))
     return status
-
-
-def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> None:
-    metrics.set_phase(namespace, name, status.get("phase"))
-    for comp in COMPONENTS:
-        rs = status.get(comp) or {}
-        metrics.READY_REPLICAS.labels(namespace, name, comp).set(rs.get("readyReplicas", 0))
-        desired = str(rs.get("summary", "0/0")).split("/")[-1]
-        metrics.DESIRED_REPLICAS.labels(namespace, name, comp).set(int(desired or 0))
 
 
 _REPORTED: dict[str, list[dict[str, Any]]] = {}
@@ -310,22 +300,18 @@ def converge(
 ) -> dict[str, Any]:
     """The steps, then observe + report; returns the status written. Raises TransientError (and lets connection
     errors through) only for failures worth a blind retry; everything else ends in this CR's status."""
-    with _LOCKS[str(body["metadata"].get("uid"))]:
-        start = time.monotonic()
+    with _LOCKS[str(body["metadata"].get("uid"))], metrics.reconcile() as outcome:
         run = Run(api, body, trigger, nodes=nodes)
-        result = "error"
+        run_steps(run)
         try:
-            run_steps(run)
-            try:
-                observe(run)
-            except client.ApiException as e:
-                raise TransientError(f"observe: {k8s.api_message(e)}") from e
-            status = write_report(run)
-            result = "ok" if run.failure is None else str(run.failure.reason)
-            return status
-        finally:
-            metrics.RECONCILES.labels(trigger=trigger, result=result).inc()
-            metrics.RECONCILE_SECONDS.labels(result=result).observe(time.monotonic() - start)
+            observe(run)
+        except client.ApiException as e:
+            raise TransientError(f"observe: {k8s.api_message(e)}") from e
+        status = write_report(run)
+        if run.failure is not None:  # reported in the CR's status: an error for controller-runtime's counters
+            outcome.error = True
+            outcome.terminal = run.failure.reason == Reason.INVALID_SPEC
+        return status
 
 
 @kopf.on.resume(*RESOURCE, id="reconcile")
@@ -352,7 +338,7 @@ def resync_once(api: client.ApiClient, logger: kopf.Logger) -> None:
             converge(api, raw, trigger="resync", nodes=nodes)
         except Exception as e:  # transient API trouble, or a failed status write: next round
             md = raw.get("metadata", {})
-            metrics.API_ERRORS.labels(op="resync", status=type(e).__name__).inc()
+            metrics.api_error("resync", type(e).__name__)
             logger.warning(f"resync {md.get('namespace')}/{md.get('name')}: {e!r}; retry next round")
 
 
@@ -363,7 +349,7 @@ async def _resync_loop(api: client.ApiClient, logger: kopf.Logger) -> None:
         try:
             await asyncio.to_thread(resync_once, api, logger)
         except Exception as e:  # the loop must survive anything; the next round retries
-            metrics.API_ERRORS.labels(op="resync", status=type(e).__name__).inc()
+            metrics.api_error("resync", type(e).__name__)
             logger.warning(f"resync round failed: {e!r}")
 
 

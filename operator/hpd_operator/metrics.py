@@ -1,47 +1,202 @@
-"""Prometheus metrics of the operator (served by `run --metrics-port`)."""
+"""Prometheus metrics of the operator (served by `run --metrics-port`). The table in docs/monitoring.md lists them.
+
+Reconcile metrics carry controller-runtime's names and labels (`controller_runtime_reconcile_total{controller,
+result}`, `controller_runtime_reconcile_time_seconds`, `..._reconcile_errors_total`,
+`..._terminal_reconcile_errors_total`, `..._active_workers`), so dashboards and alerts written for Go operators
+work unchanged; everything specific to this operator is `hpd_operator_*`. Per-CR series carry `namespace` and
+`hybridpddeployment` (the CR's name; kube-state-metrics names the label after the kind) and `role` (prefill/decode/router, the same values the PodMonitors put on the
+engines' and router's series); the operator's ServiceMonitor therefore sets `honorLabels: true`.
+
+Handlers record at three points only: `reconcile()` around one converge, `record_status()` after a status
+computation, `forget()` when a CR is deleted (plus the API-error and applied/pruned counters beside the calls).
+"""
 
 from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from hpd_operator.conditions import Phase
+from hpd_runtime import contract
 
-RECONCILES = Counter("hpd_operator_reconciles_total", "Reconciles by trigger and result", ["trigger", "result"])
-RECONCILE_SECONDS = Histogram(
-    "hpd_operator_reconcile_duration_seconds",
-    "Reconcile duration by result",
-    ["result"],
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+CONTROLLER = "hybridpddeployment"
+"""The `controller` label value (controller-runtime uses the lower-cased kind)."""
+PHASES = tuple(str(p) for p in Phase)
+ROLES = (*contract.ROLES, contract.COMPONENT_ROUTER)
+
+# controller-runtime's reconcile histogram buckets (pkg/internal/controller/metrics/metrics.go).
+_RECONCILE_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    *(1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60),
 )
-CHILDREN_APPLIED = Counter("hpd_operator_children_applied_total", "Child objects applied or pruned", ["kind", "action"])
-CRS_BY_PHASE = Gauge("hpd_operator_crs", "HybridPDDeployments by phase", ["phase"])
-READY_REPLICAS = Gauge(
-    "hpd_operator_ready_replicas", "Ready replicas per CR and component", ["namespace", "name", "component"]
+
+RECONCILE_TOTAL = Counter(
+    "controller_runtime_reconcile_total",
+    "Total number of reconciliations per controller and result (success, error).",
+    ["controller", "result"],
+)
+RECONCILE_ERRORS = Counter(
+    "controller_runtime_reconcile_errors_total", "Total number of reconciliation errors per controller.", ["controller"]
+)
+TERMINAL_RECONCILE_ERRORS = Counter(
+    "controller_runtime_terminal_reconcile_errors_total",
+    "Reconciliation errors that retrying cannot fix (an invalid spec: status InvalidSpec until the spec changes).",
+    ["controller"],
+)
+RECONCILE_TIME = Histogram(
+    "controller_runtime_reconcile_time_seconds",
+    "Length of time per reconciliation per controller.",
+    ["controller"],
+    buckets=_RECONCILE_BUCKETS,
+)
+ACTIVE_WORKERS = Gauge(
+    "controller_runtime_active_workers", "Number of currently used workers per controller.", ["controller"]
+)
+OBJECTS_APPLIED = Counter(
+    "hpd_operator_objects_applied_total",
+    "Child objects server-side applied, by kind and outcome (created, updated, unchanged).",
+    ["kind", "action"],
+)
+OBJECTS_PRUNED = Counter("hpd_operator_objects_pruned_total", "Stale child objects deleted, by kind.", ["kind"])
+API_ERRORS = Counter(
+    "hpd_operator_api_errors_total",
+    "Failed Kubernetes API calls of the operator, by operation (apply, status, event, resync) and HTTP code.",
+    ["operation", "code"],
+)
+CRS_BY_PHASE = Gauge("hpd_operator_hybridpddeployments", "HybridPDDeployments by status phase.", ["phase"])
+CR_PHASE = Gauge(
+    "hpd_operator_hybridpddeployment_status_phase",
+    "1 for the CR's current status phase, 0 for the others (kube-state-metrics style).",
+    ["namespace", "hybridpddeployment", "phase"],
 )
 DESIRED_REPLICAS = Gauge(
-    "hpd_operator_desired_replicas", "Desired replicas per CR and component", ["namespace", "name", "component"]
+    "hpd_operator_desired_replicas",
+    "Replicas the spec asks for, per CR and role.",
+    ["namespace", "hybridpddeployment", "role"],
 )
-API_ERRORS = Counter("hpd_operator_api_errors_total", "Kubernetes API errors by operation and status", ["op", "status"])
+READY_REPLICAS = Gauge(
+    "hpd_operator_ready_replicas",
+    "Ready replicas per CR and role (engines are Ready only after their warmup).",
+    ["namespace", "hybridpddeployment", "role"],
+)
+TIME_TO_READY = Gauge(
+    "hpd_operator_time_to_ready_seconds",
+    "Seconds from the CR's creation to its (latest) Ready=True transition; absent while never Ready.",
+    ["namespace", "hybridpddeployment"],
+)
 
-PHASES = tuple(str(p) for p in Phase)
 _phase_of: dict[tuple[str, str], str] = {}
 
 
-def set_phase(namespace: str, name: str, phase: str | None) -> None:
-    """Track one CR's phase (None = forget it) and refresh the per-phase gauge."""
-    if phase is None:
-        _phase_of.pop((namespace, name), None)
-    else:
-        _phase_of[(namespace, name)] = phase
+@dataclass
+class Outcome:
+    """What the reconcile inside `reconcile()` reports: `error` (the CR's status carries a failure) and `terminal`
+    (an invalid spec: retrying cannot fix it)."""
+
+    error: bool = False
+    terminal: bool = False
+
+
+@contextlib.contextmanager
+def reconcile() -> Iterator[Outcome]:
+    """Time one reconcile and count its result: success, or error (raised, or set on the Outcome; an invalid spec is
+    also a terminal error)."""
+    start = time.monotonic()
+    ACTIVE_WORKERS.labels(CONTROLLER).inc()
+    outcome = Outcome()
+    result = "error"
+    try:
+        yield outcome
+        result = "error" if outcome.error else "success"
+        if outcome.terminal:
+            TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER).inc()
+    finally:
+        ACTIVE_WORKERS.labels(CONTROLLER).dec()
+        RECONCILE_TOTAL.labels(CONTROLLER, result).inc()
+        if result == "error":
+            RECONCILE_ERRORS.labels(CONTROLLER).inc()
+        RECONCILE_TIME.labels(CONTROLLER).observe(time.monotonic() - start)
+
+
+def api_error(operation: str, code: object) -> None:
+    API_ERRORS.labels(operation=operation, code=str(code)).inc()
+
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def time_to_ready(created: object, conditions: list[Mapping[str, Any]]) -> float | None:
+    """Pure: seconds from creationTimestamp to the Ready=True condition's lastTransitionTime (None if not Ready)."""
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return None
+    t0, t1 = _parse_time(created), _parse_time(ready.get("lastTransitionTime"))
+    if t0 is None or t1 is None:
+        return None
+    return max((t1 - t0).total_seconds(), 0.0)
+
+
+def _refresh_phase_counts() -> None:
     for p in PHASES:
         CRS_BY_PHASE.labels(phase=p).set(sum(1 for v in _phase_of.values() if v == p))
 
 
+def record_status(namespace: str, name: str, status: Mapping[str, Any], created: object = None) -> None:
+    """Per-CR gauges from one computed status (phase, desired/ready per role, time to Ready)."""
+    phase = str(status.get("phase") or "Pending")
+    _phase_of[(namespace, name)] = phase
+    for p in PHASES:
+        CR_PHASE.labels(namespace, name, p).set(1 if p == phase else 0)
+    _refresh_phase_counts()
+    for role in ROLES:
+        rs = status.get(role) or {}
+        READY_REPLICAS.labels(namespace, name, role).set(int(rs.get("readyReplicas") or 0))
+        desired = str(rs.get("summary", "0/0")).split("/")[-1]
+        DESIRED_REPLICAS.labels(namespace, name, role).set(int(desired or 0))
+    took = time_to_ready(created, list(status.get("conditions") or []))
+    if took is not None:
+        TIME_TO_READY.labels(namespace, name).set(took)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):
+        gauge.remove(*labels)
+
+
 def forget(namespace: str, name: str) -> None:
-    set_phase(namespace, name, None)
-    for comp in ("prefill", "decode", "router"):
-        for g in (READY_REPLICAS, DESIRED_REPLICAS):
-            try:
-                g.remove(namespace, name, comp)
-            except KeyError:
-                pass
+    """Drop every per-CR series of a deleted CR."""
+    _phase_of.pop((namespace, name), None)
+    _refresh_phase_counts()
+    for p in PHASES:
+        _remove(CR_PHASE, namespace, name, p)
+    for role in ROLES:
+        _remove(READY_REPLICAS, namespace, name, role)
+        _remove(DESIRED_REPLICAS, namespace, name, role)
+    _remove(TIME_TO_READY, namespace, name)
+
+
+def _initialize() -> None:
+    """Export the reconcile series at 0 from startup (as controller-runtime does), so rates and differences work
+    before the first error."""
+    for result in ("success", "error"):
+        RECONCILE_TOTAL.labels(CONTROLLER, result)
+    RECONCILE_ERRORS.labels(CONTROLLER)
+    TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER)
+    RECONCILE_TIME.labels(CONTROLLER)
+    ACTIVE_WORKERS.labels(CONTROLLER)
+    _refresh_phase_counts()
+
+
+_initialize()

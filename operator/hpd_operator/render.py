@@ -19,7 +19,8 @@ from typing import Any, TextIO
 import pydantic
 import yaml
 
-from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.api import constants as c
+from hpd_operator.api.models import HybridPDDeployment, with_default_images
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_runtime import contract
@@ -31,12 +32,16 @@ Builder = Callable[[HybridPDDeployment, Profile], list[Manifest]]
 PROFILE_KIND = "HybridPDProfile"
 
 
-def parse_cr(obj: dict[str, Any]) -> HybridPDDeployment:
-    """Parse one CR dict; schema errors become a SpecError with camelCase field paths."""
+def parse_cr(
+    obj: dict[str, Any], *, vllm_image: str = c.DEFAULT_VLLM_IMAGE, router_image: str = c.DEFAULT_ROUTER_IMAGE
+) -> HybridPDDeployment:
+    """Parse one CR dict; schema errors become a SpecError with camelCase field paths. Images the CR leaves out
+    become the given defaults (the operator passes its `--vllm-image/--router-image`)."""
     try:
-        return HybridPDDeployment.model_validate(obj)
+        cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
         raise SpecError.from_validation_error(err, prefix="") from None
+    return with_default_images(cr, vllm_image=vllm_image, router_image=router_image)
 
 
 class RenderError(Exception):

@@ -94,7 +94,7 @@ def write_status(api: client.ApiClient, body: Mapping[str, Any], status: dict[st
             contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
         )
     except client.ApiException as e:
-        metrics.API_ERRORS.labels(op="status", status=str(e.status)).inc()
+        metrics.api_error("status", e.status)
         if e.status != 404:  # the CR is gone: nothing to report on
             raise
     return True
@@ -145,4 +145,4 @@ def event(api: client.ApiClient, body: Mapping[str, Any], type_: str, reason: st
             patch = {"count": (old.count or 1) + 1, "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ")}
             core.patch_namespaced_event(name, ns, patch)
     except client.ApiException as e:
-        metrics.API_ERRORS.labels(op="event", status=str(e.status)).inc()
+        metrics.api_error("event", e.status)

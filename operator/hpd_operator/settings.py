@@ -12,6 +12,13 @@ Decisions:
   with a timer, and a finalizer would block `kubectl delete` while the operator is down. One code path for create/update/resume/drift; it also keeps status fresh. Chosen over
   on.event watchers on every owned kind: less code, no event storms from Deployment status churn, and a deleted
   or edited child is back within one interval.
+- No runtime scanning (`settings.scanning.disabled`): kopf would otherwise list+watch CustomResourceDefinitions
+  (and, when it watches named namespaces, Namespaces) cluster-wide to notice CRDs and namespaces appearing later.
+  The operator serves one CRD that its chart installs before it, and watches exactly the namespaces it is given,
+  so the scan buys nothing and would cost a cluster-scoped grant even in the chart's `rbac.scope: namespace`.
+  A CRD installed after the operator starts needs an operator restart.
+- Default images (`vllm_image`, `router_image`): what a CR that leaves `spec.image` / `spec.router.image` out
+  runs (the chart's `images.*` values); the CRD carries no default for them (models.OPERATOR_DEFAULT).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 import kopf
 
+from hpd_operator.api import constants as c
 from hpd_runtime import contract
 
 LIVENESS_PORT_DEFAULT = 8080
@@ -36,6 +44,8 @@ class OperatorConfig:
     metrics_port: int = METRICS_PORT_DEFAULT
     liveness_port: int = LIVENESS_PORT_DEFAULT
     resync_seconds: float = RESYNC_SECONDS_DEFAULT
+    vllm_image: str = c.DEFAULT_VLLM_IMAGE
+    router_image: str = c.DEFAULT_ROUTER_IMAGE
 
 
 _CURRENT: list[OperatorConfig] = [OperatorConfig()]
@@ -63,6 +73,8 @@ def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     # Only warnings from logs become Events; our Normal Events are posted explicitly (kopf.event).
     settings.posting.level = logging.WARNING
+    # No CRD/namespace scanning: see the module docstring (keeps RBAC namespaced in `rbac.scope: namespace`).
+    settings.scanning.disabled = True
     # Standalone: see the module docstring.
     settings.peering.standalone = True
     # Transient errors: retry with backoff, not in a tight loop.

@@ -152,7 +152,9 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         what="Created Event",
     )
     text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
-    assert "hpd_operator_reconciles_total" in text and 'hpd_operator_crs{phase="Ready"} 1.0' in text
+    assert (
+        "controller_runtime_reconcile_total" in text and 'hpd_operator_hybridpddeployments{phase="Ready"} 1.0' in text
+    )
 
 
 def assert_subset(want: Any, got: Any, where: str) -> None:

@@ -14,8 +14,34 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "hybridpddeployments.hybridpd.io.yaml"
 
 
+CHART_CRD = REPO / "charts" / "hybrid-pd-operator" / "files" / "crds" / "hybridpddeployments.hybridpd.io.yaml"
+
+
 def test_committed_crd_equals_regeneration() -> None:
     assert CRD.read_text() == crdgen.render_crd(), "CRD is stale: run `python -m hpd_operator.api.crdgen`"
+
+
+def test_chart_crd_is_byte_identical_to_crds_dir() -> None:
+    assert crdgen.CHART_CRD_PATH == CHART_CRD
+    assert CHART_CRD.read_bytes() == CRD.read_bytes(), (
+        "chart CRD copy is stale: run `python -m hpd_operator.api.crdgen`"
+    )
+
+
+def test_check_flag_covers_the_chart_copy(tmp_path: Path) -> None:
+    good, stale = tmp_path / "good.yaml", tmp_path / "stale.yaml"
+    good.write_text(crdgen.render_crd())
+    stale.write_text(crdgen.render_crd() + "# edited by hand\n")
+    assert crdgen.main(["--check", "--output", str(good), "--output", str(stale)]) == 1
+    assert crdgen.main(["--check"]) == 0  # both committed copies
+
+
+def test_operator_defaulted_images_have_no_crd_default(crd: dict[str, Any]) -> None:
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "default" not in spec["properties"]["image"]
+    router = spec["properties"]["router"]
+    assert "default" not in router["properties"]["image"] and "image" not in router["default"]
+    assert "x-hpd-operator-default" not in crdgen.render_crd()
 
 
 def test_check_flag_detects_drift(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
 
 Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
 GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv + env), POST /_control
-({"health": 500} flips /health; {"fail": "completions"|null}).
+({"health": 500} flips /health; {"fail": "completions"|null}; {"metrics": {...}} see vllm_metrics.control),
+GET /metrics (vLLM 0.20's metric names and labels, from vllm_metrics.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import time
 import uuid
 from typing import Any
 
+from vllm_metrics import VllmMetrics, role_of  # vLLM 0.20 /metrics (a sibling module)
+
 
 class FakeVLLM:
     def __init__(self, ns: argparse.Namespace) -> None:
@@ -37,6 +40,7 @@ class FakeVLLM:
         self.requests: list[dict[str, Any]] = []
         self.health = 200
         self.fail: str | None = ns.fail
+        self.metrics = VllmMetrics(ns.model, role_of(sys.argv))
 
     def completion(self, body: dict[str, Any], request_id: str | None) -> tuple[int, dict[str, Any]]:
         if self.ns.completion_delay:
@@ -95,6 +99,13 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
             elif self.path == "/_requests":
                 with app.lock:
                     self._send(200, list(app.requests))
+            elif self.path == "/metrics":
+                data = app.metrics.exposition()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif self.path == "/_env":
                 self._send(200, {"argv": sys.argv, "env": dict(os.environ), "pid": os.getpid()})
             else:
@@ -107,6 +118,7 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
                     app.health = int(body["health"])
                 if "fail" in body:
                     app.fail = body["fail"]
+                app.metrics.control(body.get("metrics") or {})
                 self._send(200, {"health": app.health, "fail": app.fail})
                 return
             if self.path != "/v1/completions":
@@ -115,7 +127,15 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
             rid = self.headers.get("X-Request-Id")
             with app.lock:
                 app.requests.append({"path": self.path, "request_id": rid, "body": body, "t": time.monotonic()})
+            t0 = time.monotonic()
             status, payload = app.completion(body, rid)
+            if status == 200 and not app.metrics.record(
+                len(body["prompt"]),
+                int(body.get("max_tokens", 16)),
+                body.get("kv_transfer_params"),
+                time.monotonic() - t0,
+            ):
+                status, payload = 500, {"error": {"message": "KV load failed (injected NIXL failure)", "code": 500}}
             self._send(status, payload)
 
         def log_message(self, format: str, *args: object) -> None:

@@ -137,3 +137,20 @@ def test_denied_regex_matches_what_the_profile_denies(arg: str) -> None:
 def test_denied_regex_lets_other_flags_through(arg: str) -> None:
     assert not re.match(c.denied_flags_regex(), arg)
     assert c.normalize_flag(arg) not in c.DENIED_FLAGS
+
+
+def test_operator_default_images_fill_only_what_the_cr_leaves_out() -> None:
+    from hpd_operator.render import parse_cr
+
+    doc = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "metadata": {"name": "x"}}
+    omitted = parse_cr({**doc, "spec": {"model": {"name": "m"}}}, vllm_image="reg/v:1", router_image="reg/r:2")
+    assert omitted.spec.image == "reg/v:1" and omitted.spec.router.image == "reg/r:2"
+    explicit = parse_cr(
+        {**doc, "spec": {"model": {"name": "m"}, "image": "mine/v:3", "router": {"image": "mine/r:4", "replicas": 2}}},
+        vllm_image="reg/v:1",
+        router_image="reg/r:2",
+    )
+    assert explicit.spec.image == "mine/v:3" and explicit.spec.router.image == "mine/r:4"
+    assert explicit.spec.router.replicas == 2
+    router_only = parse_cr({**doc, "spec": {"model": {"name": "m"}, "router": {"replicas": 3}}}, router_image="reg/r:2")
+    assert router_only.spec.router.image == "reg/r:2" and router_only.spec.router.replicas == 3

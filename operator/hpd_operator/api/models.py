@@ -16,12 +16,25 @@ from hpd_operator.api import constants as c
 from hpd_runtime import contract
 
 PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+OPERATOR_DEFAULT: dict[str, Any] = {"x-hpd-operator-default": True}
+"""Marks a field whose default comes from the operator's configuration (`run --vllm-image/--router-image`, the
+chart's `images.*` values), not from the CRD: crdgen leaves the default out of the CRD, and `with_default_images`
+fills an omitted field at parse time. Python callers that parse without the operator get the constant."""
+
+
+def _operator_defaulted(model: type[BaseModel]) -> set[str]:
+    return {
+        name
+        for name, f in model.model_fields.items()
+        if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("x-hpd-operator-default")
+    }
 
 
 def _sub(model: type[BaseModel]) -> Any:
     """A sub-object that is defaulted in the CRD too, with its fields' defaults spelled out (the apiserver checks
-    CEL rules against the default itself, without applying nested defaults first)."""
-    default = model().model_dump(by_alias=True, exclude_none=True, mode="json")
+    CEL rules against the default itself, without applying nested defaults first). Fields the operator defaults
+    (OPERATOR_DEFAULT) stay out of it."""
+    default = model().model_dump(by_alias=True, exclude_none=True, mode="json", exclude=_operator_defaulted(model))
     return Field(default_factory=model, json_schema_extra={"default": default})
 
 
@@ -228,7 +241,8 @@ class RouterServiceSpec(_Model):
 
 class RouterSpec(_Model):
     replicas: int = Field(default=1, ge=0, le=c.MAX_REPLICAS)
-    image: str = Field(default=c.DEFAULT_ROUTER_IMAGE, min_length=1, max_length=512)
+    image: str = Field(default=c.DEFAULT_ROUTER_IMAGE, min_length=1, max_length=512, json_schema_extra=OPERATOR_DEFAULT)
+    """vllm-router image; default: the operator's `--router-image` (chart value `images.router`)."""
     policy: Literal["random", "round_robin", "cache_aware", "power_of_two", "consistent_hash"] = "round_robin"
     """vllm-router load-balancing policy for both stages."""
     service: RouterServiceSpec = _sub(RouterServiceSpec)
@@ -275,6 +289,8 @@ class MonitoringSpec(_Model):
     pod_monitor: bool = False
     """Create PodMonitors (when the Prometheus Operator CRDs exist)."""
     interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    """Extra labels on the PodMonitors, e.g. `release: kube-prometheus-stack` (its Prometheus selects on it)."""
 
 
 class PrometheusPeerSpec(_Model):
@@ -344,8 +360,9 @@ class HybridPDDeploymentSpec(_Model):
         }
     )
     model: ModelSpec
-    image: str = Field(default=c.DEFAULT_VLLM_IMAGE, min_length=1, max_length=512)
-    """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime)."""
+    image: str = Field(default=c.DEFAULT_VLLM_IMAGE, min_length=1, max_length=512, json_schema_extra=OPERATOR_DEFAULT)
+    """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime); default: the operator's
+    `--vllm-image` (chart value `images.vllm`)."""
     vllm_version: str = Field(default=c.DEFAULT_VLLM_VERSION, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", max_length=32)
     """vLLM version inside the image; drives the version table (supported: 0.20, 0.22, 0.25, 0.33)."""
     block_size: int | None = Field(default=None, ge=16, le=4096)
@@ -455,3 +472,16 @@ class HybridPDDeployment(BaseModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: HybridPDDeploymentSpec
     status: HybridPDDeploymentStatus | None = None
+
+
+def with_default_images(cr: HybridPDDeployment, *, vllm_image: str, router_image: str) -> HybridPDDeployment:
+    """`cr` with the operator's default images filled in where the CR leaves them out (pure; OPERATOR_DEFAULT)."""
+    spec = cr.spec
+    update: dict[str, Any] = {}
+    if "image" not in spec.model_fields_set:
+        update["image"] = vllm_image
+    if "image" not in spec.router.model_fields_set:
+        update["router"] = spec.router.model_copy(update={"image": router_image})
+    if not update:
+        return cr
+    return cr.model_copy(update={"spec": spec.model_copy(update=update)})

@@ -1,49 +1,80 @@
-"""PodMonitors (Prometheus Operator) for the engines and the router, when spec.monitoring.podMonitor."""
+"""PodMonitors (Prometheus Operator) for the engines and the router, when spec.monitoring.podMonitor.
+
+Every scraped series gets `role` (prefill, decode or router: the pod's component label, not a pod-name regex) and
+`hybridpddeployment` (the CR's full name, also on the operator's per-CR series), besides the `namespace`, `pod` and
+`container` labels the Prometheus Operator adds. The dashboard and the alert rules select on these labels.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders.common import Manifest, instance_label, metadata, short_name
 from hpd_runtime import contract
 
 PODMONITOR_API = "monitoring.coreos.com/v1"
+ROLE_LABEL = "role"
+"""The metric label that carries prefill/decode/router."""
+CR_LABEL = "hybridpddeployment"
+"""The metric label that carries the owning HybridPDDeployment's name."""
+
+
+def _meta_label(pod_label: str) -> str:
+    """The Prometheus service-discovery meta label of a pod label (non-alphanumerics become `_`)."""
+    return "__meta_kubernetes_pod_label_" + "".join(ch if ch.isalnum() else "_" for ch in pod_label)
+
+
+def relabelings(cr_name: str) -> list[dict[str, Any]]:
+    """Pod label app.kubernetes.io/component -> `role`; the CR name -> `hybridpddeployment`."""
+    return [
+        {"action": "replace", "sourceLabels": [_meta_label(contract.LABEL_COMPONENT)], "targetLabel": ROLE_LABEL},
+        {"action": "replace", "targetLabel": CR_LABEL, "replacement": cr_name},
+    ]
+
+
+def _endpoint(cr: HybridPDDeployment, port: str) -> dict[str, Any]:
+    return {
+        "port": port,
+        "path": contract.PATH_METRICS,
+        "interval": cr.spec.monitoring.interval,
+        "relabelings": relabelings(cr.metadata.name),
+    }
+
+
+def _pod_monitor(cr: HybridPDDeployment, suffix: str, component: str, spec: dict[str, Any]) -> Manifest:
+    md = metadata(cr.metadata.name, cr.metadata.namespace, short_name(cr.metadata.name, suffix), component)
+    md["labels"] = {**cr.spec.monitoring.labels, **md["labels"]}
+    return {"apiVersion": PODMONITOR_API, "kind": "PodMonitor", "metadata": md, "spec": spec}
 
 
 def build_pod_monitors(cr: HybridPDDeployment) -> list[Manifest]:
     if not cr.spec.monitoring.pod_monitor:
         return []
-    name, ns, interval = cr.metadata.name, cr.metadata.namespace, cr.spec.monitoring.interval
-    engines: Manifest = {
-        "apiVersion": PODMONITOR_API,
-        "kind": "PodMonitor",
-        "metadata": metadata(name, ns, short_name(name, "engines"), "engines"),
-        "spec": {
+    inst = instance_label(cr.metadata.name)
+    engines = _pod_monitor(
+        cr,
+        "engines",
+        "engines",
+        {
             "selector": {
-                "matchLabels": {contract.LABEL_INSTANCE: instance_label(name)},
+                "matchLabels": {contract.LABEL_INSTANCE: inst},
                 "matchExpressions": [
                     {"key": contract.LABEL_COMPONENT, "operator": "In", "values": list(contract.ROLES)}
                 ],
             },
-            "podMetricsEndpoints": [
-                {"port": contract.PORT_NAME_HTTP, "path": contract.PATH_METRICS, "interval": interval},
-                {"port": contract.PORT_NAME_RUNTIME, "path": contract.PATH_METRICS, "interval": interval},
-            ],
+            "podMetricsEndpoints": [_endpoint(cr, contract.PORT_NAME_HTTP), _endpoint(cr, contract.PORT_NAME_RUNTIME)],
         },
-    }
-    router: Manifest = {
-        "apiVersion": PODMONITOR_API,
-        "kind": "PodMonitor",
-        "metadata": metadata(name, ns, short_name(name, contract.COMPONENT_ROUTER), contract.COMPONENT_ROUTER),
-        "spec": {
+    )
+    router = _pod_monitor(
+        cr,
+        contract.COMPONENT_ROUTER,
+        contract.COMPONENT_ROUTER,
+        {
             "selector": {
-                "matchLabels": {
-                    contract.LABEL_INSTANCE: instance_label(name),
-                    contract.LABEL_COMPONENT: contract.COMPONENT_ROUTER,
-                }
+                "matchLabels": {contract.LABEL_INSTANCE: inst, contract.LABEL_COMPONENT: contract.COMPONENT_ROUTER}
             },
-            "podMetricsEndpoints": [
-                {"port": contract.PORT_NAME_ROUTER_METRICS, "path": contract.PATH_METRICS, "interval": interval}
-            ],
+            "podMetricsEndpoints": [_endpoint(cr, contract.PORT_NAME_ROUTER_METRICS)],
         },
-    }
+    )
     return [engines, router]

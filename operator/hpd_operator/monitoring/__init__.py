@@ -1,0 +1,1 @@
+"""Monitoring content shipped with the chart: alert rules and the Grafana dashboard (one source each)."""

@@ -1,0 +1,159 @@
+"""Fixtures of the chart tests: the real helm, a writable chart copy, the operator process (started in ONE place:
+`operator_argv`), and the report hook the log-on-failure uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .helmkit import CHART, REPO, Helm
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    from hpd_devcluster.build import binaries
+
+    bins = binaries()
+    if not bins.helm.exists():
+        pytest.fail(f"helm is missing at {bins.helm}: run hack/setup.sh (python -m hpd_devcluster build)")
+    return Helm(bins.helm, tmp_path_factory.mktemp("helm-home"), bins.kubectl)
+
+
+@pytest.fixture()
+def chart_copy(tmp_path: Path) -> Iterator[Path]:
+    """A writable copy of the chart (for upgrade tests that change it)."""
+    dst = tmp_path / "hybrid-pd-operator"
+    shutil.copytree(CHART, dst)
+    yield dst
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+
+
+class OperatorProcess:
+    """The operator started by `start_operator`; its log file and metrics port (on 127.0.0.1)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, metrics_port: int) -> None:
+        self.proc, self.log, self.metrics_port = proc, log, metrics_port
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def operator_argv(args: list[str]) -> list[str]:
+    """HOW the operator runs, in one place: from the host venv (`python -m hpd_operator run ...`)."""
+    return [sys.executable, "-m", "hpd_operator", "run", *args]
+
+
+@pytest.fixture()
+def start_operator(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[[Path, list[str]], OperatorProcess]]:
+    """start(kubeconfig, args) runs the operator with exactly `args` (the chart's Deployment args) except its two
+    ports: liveness off, metrics on a free loopback port. Stopped at teardown; its log printed on failure."""
+    started: list[OperatorProcess] = []
+
+    def start(kubeconfig: Path, args: list[str]) -> OperatorProcess:
+        port = free_port()
+        keep = [a for a in args if not a.startswith(("--liveness-port", "--metrics-port"))]
+        log = tmp_path / f"operator-{len(started)}.log"
+        with log.open("ab") as f:
+            proc = subprocess.Popen(
+                operator_argv([*keep, "--liveness-port=0", f"--metrics-port={port}"]),
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        op = OperatorProcess(proc, log, port)
+        started.append(op)
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        for op in started:
+            print(f"--- operator log ({op.log}) ---\n" + op.log_text()[-20000:])
+
+
+@pytest.fixture()
+def make_namespace(api_client: object) -> Iterator[Callable[[str], str]]:
+    """make(prefix) creates a fresh namespace; all are deleted at teardown."""
+    import uuid
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    made: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        core.delete_namespace(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """What the cluster-side chart tests use, in one fixture: helm, the admin kubeconfig and client, fresh
+    namespaces, the operator process, and a temp dir."""
+
+    helm: Helm
+    kubeconfig: Path
+    api: Any
+    make_namespace: Callable[[str], str]
+    start_operator: Callable[[Path, list[str]], OperatorProcess]
+    tmp: Path
+
+
+@pytest.fixture()
+def k8s(  # noqa: PLR0917  (a fixture takes its fixtures positionally)
+    helm: Helm,
+    kubeconfig: Path,
+    api_client: Any,
+    make_namespace: Callable[[str], str],
+    start_operator: Callable[[Path, list[str]], OperatorProcess],
+    tmp_path: Path,
+) -> Cluster:
+    return Cluster(helm, kubeconfig, api_client, make_namespace, start_operator, tmp_path)
