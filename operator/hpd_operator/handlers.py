@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import threading
 import time
 from collections import defaultdict
@@ -252,8 +253,16 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
         metrics.RECONCILE_SECONDS.labels(result=result).observe(time.monotonic() - start)
 
 
+def _api_message(e: client.ApiException) -> str:
+    """The apiserver's own message (e.g. which verb on which resource was forbidden), else the raw body."""
+    try:
+        return str(json.loads(e.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(e.body)[:500]
+
+
 def _transient(e: client.ApiException) -> kopf.TemporaryError:
-    return kopf.TemporaryError(f"Kubernetes API error {e.status} {e.reason}; retrying", delay=10)
+    return kopf.TemporaryError(f"Kubernetes API error {e.status} {e.reason}: {_api_message(e)}; retrying", delay=10)
 
 
 @kopf.on.resume(*RESOURCE, id="reconcile")
