@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The demo: install, bring the local control plane up (real kube-apiserver + kwok fake GPU nodes), install the CRD,
-# run the operator in the background, apply the seed's Nemotron-3-Nano example, wait until it is Ready, and show
-# what the operator generated. Stop everything with `make down` (hack/demo-down.sh).
+# The demo: install, bring the local control plane up (real kube-apiserver + kwok fake GPU nodes), install the chart
+# (CRD, ServiceAccount, RBAC), run the operator in the background with the chart's ServiceAccount token, apply the
+# seed's Nemotron-3-Nano example, wait until it is Ready, and show what the operator generated.
+# Stop everything with `make down` (hack/demo-down.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/setup.sh
@@ -15,16 +16,26 @@ echo "== GPU nodes (kwok)"
 kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
 
 echo
-echo "== CRD"
-kubectl apply --server-side --force-conflicts -f crds/hybridpddeployments.hybridpd.io.yaml
-kubectl wait --for=condition=Established --timeout=30s crd/hybridpddeployments.hybridpd.io
+echo "== helm chart (CRD, ServiceAccount, RBAC; kwok runs the operator's pod as a stand-in)"
+crd=crd/hybridpddeployments.hybridpd.io
+if kubectl get "$crd" >/dev/null 2>&1; then  # a CRD applied with kubectl earlier: hand it to the release (README)
+  kubectl annotate --overwrite "$crd" meta.helm.sh/release-name=hpd meta.helm.sh/release-namespace=hpd-system >/dev/null
+  kubectl label --overwrite "$crd" app.kubernetes.io/managed-by=Helm >/dev/null
+fi
+helm upgrade --install hpd charts/hybrid-pd-operator -n hpd-system --create-namespace --wait --timeout 120s
+kubectl wait --for=condition=Established --timeout=30s "$crd"
+# The operator below runs on this machine with the chart's ServiceAccount token, so the chart's RBAC is what it has.
+cp "$KUBECONFIG" "$STATE/operator.kubeconfig"
+KUBECONFIG="$STATE/operator.kubeconfig" kubectl config set-credentials hpd-operator \
+  --token="$(kubectl -n hpd-system create token hpd-hybrid-pd-operator --duration=24h)" >/dev/null
+KUBECONFIG="$STATE/operator.kubeconfig" kubectl config set-context --current --user=hpd-operator >/dev/null
 
 echo
 echo "== operator (background; log: $STATE/operator.log, pid: $STATE/operator.pid)"
 if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then
   echo "already running (pid $(cat "$STATE/operator.pid"))"
 else
-  nohup python -m hpd_operator run \
+  KUBECONFIG="$STATE/operator.kubeconfig" nohup python -m hpd_operator run \
     --metrics-port "${HPD_DEMO_METRICS_PORT:-9090}" --liveness-port "${HPD_DEMO_LIVENESS_PORT:-8080}" \
     >"$STATE/operator.log" 2>&1 &
   echo $! >"$STATE/operator.pid"

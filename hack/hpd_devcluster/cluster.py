@@ -339,6 +339,9 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pk / 'sa.pub'}", f"--service-account-signing-key-file={pk / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+        # As on hardened clusters (e.g. OpenShift): an ownerReference with blockOwnerDeletion needs `update` on the
+        # owner's /finalizers, so the chart's RBAC test proves that rule too.
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
     ])  # fmt: skip
     admin_ctx = _ssl_context(state)

@@ -112,7 +112,8 @@ class TransientError(Exception):
 
 def parse(run: Run) -> None:
     """Parse once, then the profile (raises SpecError naming the field)."""
-    run.cr = parse_cr(_cr_object(run.body))
+    cfg = settings.current()
+    run.cr = parse_cr(_cr_object(run.body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
     run.profile = compute_profile(run.cr.spec)
 
 

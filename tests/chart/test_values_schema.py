@@ -52,11 +52,12 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("case", "bad", "field", "rule"), BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("case", BAD, ids=[b[0] for b in BAD])
 def test_helm_rejects_bad_values_with_a_readable_message(
-    helm: Helm, tmp_path: Path, case: str, bad: dict[str, Any], field: str, rule: str
+    helm: Helm, tmp_path: Path, case: tuple[str, dict[str, Any], str, str]
 ) -> None:
-    f = tmp_path / f"{case}.yaml"
+    name, bad, field, rule = case
+    f = tmp_path / f"{name}.yaml"
     f.write_text(yaml.safe_dump(bad))
     p = helm.run("template", "x", str(CHART), "-f", str(f), check=False)
     assert p.returncode != 0, f"helm accepted {bad}:\n{p.stdout[:2000]}"

@@ -25,27 +25,28 @@ cluster-scoped: kopf's CRD/namespace scanning is off (settings.py), so namespace
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Children (apply.KINDS). patch: server-side apply creates and updates them (apply.apply); list: the existing set
-# by label selector, to prune and to observe Deployment status (apply.list_children); delete: prune of children
-# no longer desired (apply.delete). No get/watch/create/update: no such call is made.
+# Children (apply.KINDS). patch: server-side apply updates them (apply.apply); create: the same apply PATCH creates
+# a missing child, which the apiserver authorizes as `create` too; list: the existing set by label selector, to
+# prune and to observe Deployment status (apply.list_children); delete: prune of children no longer desired
+# (apply.delete). No get/watch/update: no such call is made.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # The router's Role and RoleBinding (builders/router.py).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # PodMonitors, only used when the Prometheus Operator's CRD is served (apply.api_available reads discovery,
 # which every authenticated user may read).
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # Not read by the operator itself: Kubernetes lets it create the router's Role (get/list/watch pods, the
 # router's discovery) only if it holds those permissions itself (RBAC escalation prevention). Holding them is far
 # narrower than the alternative, the `escalate` and `bind` verbs on roles, which would let it grant anything.

@@ -1,0 +1,222 @@
+"""The chart's RBAC is proven, not assumed: the operator runs with a token of the chart's ServiceAccount (TokenRequest
+API, as in its pod), with exactly the args of the chart's Deployment, against the real local control plane (RBAC
+on, OwnerReferencesPermissionEnforcement on). It reconciles the sample CR to Ready, follows an update, and the CR's
+deletion, in both RBAC scopes, with no 403 anywhere; and taking one verb away from the chart's rules makes it fail.
+
+A 403 shows either in the operator's log (kopf and the resync loop log API errors) or in its
+hpd_operator_api_errors_total{status="403"} metric (Events are best effort and only counted)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client
+
+from hpd_runtime import contract
+
+from .conftest import Cluster, OperatorProcess
+from .helmkit import CHART, REPO, adopt_crd, sa_kubeconfig
+
+pytestmark = pytest.mark.cluster
+G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
+SAMPLE = REPO / "examples" / "nemotron-3-nano.yaml"
+T = 60.0
+R = TypeVar("R")
+_FORBIDDEN_LOG = re.compile(r"\b403\b|Forbidden|forbidden|Not enough permissions")
+
+
+class Forbidden(AssertionError):
+    """The operator hit a 403."""
+
+
+def forbidden(op: OperatorProcess) -> str | None:
+    """The first sign of a 403: a log line, or a 403 counted in the operator's metrics."""
+    for line in op.log_text().splitlines():
+        if _FORBIDDEN_LOG.search(line):
+            return line
+    try:
+        metrics = op.metrics()
+    except OSError:
+        return None  # not serving yet
+    for line in metrics.splitlines():
+        if line.startswith("hpd_operator_api_errors_total{") and 'status="403"' in line and not line.endswith(" 0.0"):
+            return line
+    return None
+
+
+def wait(op: OperatorProcess, check: Callable[[], R | None], what: str, timeout: float = T) -> R:
+    """Poll `check` until truthy; raise Forbidden as soon as the operator hits a 403, AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        hit = forbidden(op)
+        if hit:
+            raise Forbidden(f"403 while waiting for {what}: {hit}")
+        if op.proc.poll() is not None:
+            raise AssertionError(f"operator exited ({op.proc.returncode}) while waiting for {what}")
+        try:
+            value = check()
+            if value:
+                return value
+            last = value
+        except client.ApiException as e:
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+        time.sleep(0.25)
+
+
+def install(k8s: Cluster, release: str, ns: str, *, scope: str, watch: list[str]) -> None:
+    helm, kubeconfig = k8s.helm, k8s.kubeconfig
+    adopt_crd(helm, kubeconfig, release, ns)
+    sets = ["--set", f"rbac.scope={scope}", "--set", "operator.resyncSeconds=2"]  # faster status in tests
+    for i, w in enumerate(watch):
+        sets += ["--set", f"watchNamespaces[{i}]={w}"]
+    helm.run("install", release, str(CHART), "-n", ns, *sets, "--wait", "--timeout", "90s", kubeconfig=kubeconfig)
+
+
+def chart_args(api: client.ApiClient, release: str, ns: str) -> list[str]:
+    """The operator's args exactly as the installed chart's Deployment has them."""
+    dep = client.AppsV1Api(api).read_namespaced_deployment(f"{release}-hybrid-pd-operator", ns)
+    return list(dep.spec.template.spec.containers[0].args)
+
+
+def sample(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    doc["metadata"] = {"name": name}
+    doc["spec"].pop("image", None)  # the operator's default image: the chart's images.vllm
+    return doc
+
+
+def get_cr(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(G, V, ns, P, name)
+    return out
+
+
+def ready(cr: dict[str, Any]) -> bool:
+    st = cr.get("status") or {}
+    conds = {c["type"]: c["status"] for c in st.get("conditions") or []}
+    return conds.get("Ready") == "True" and st.get("observedGeneration") == cr["metadata"]["generation"]
+
+
+def children(api: client.ApiClient, ns: str, name: str) -> list[str]:
+    apps = client.AppsV1Api(api)
+    return sorted(
+        d.metadata.name
+        for d in apps.list_namespaced_deployment(ns, label_selector=f"app.kubernetes.io/instance={name}").items
+    )
+
+
+def prove(
+    api: client.ApiClient, op: OperatorProcess, ns: str, name: str = "sample", *, images: tuple[str, str]
+) -> None:
+    """Create -> Ready, update -> Ready at the new generation, delete -> children gone; no 403 at any point."""
+    co = client.CustomObjectsApi(api)
+    co.create_namespaced_custom_object(G, V, ns, P, sample(name))
+    cr = wait(op, lambda: (c := get_cr(api, ns, name)) and ready(c) and c, f"{name} Ready")
+    assert cr["status"]["endpoint"] == f"http://{name}.{ns}.svc:8000"
+    apps = client.AppsV1Api(api)
+    engine = apps.read_namespaced_deployment(f"{name}-decode", ns).spec.template.spec.containers[0]
+    router = apps.read_namespaced_deployment(f"{name}-router", ns).spec.template.spec.containers[0]
+    assert (engine.image, router.image) == images  # the chart's images.* reached the children
+    events = client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    assert {e.reason for e in events} >= {"Created"}
+
+    co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"replicas": 2}}})
+    wait(
+        op,
+        lambda: (
+            apps.read_namespaced_deployment(f"{name}-decode", ns).spec.replicas == 2 and ready(get_cr(api, ns, name))
+        ),
+        f"{name} decode scaled to 2 and Ready",
+    )
+
+    co.delete_namespaced_custom_object(G, V, ns, P, name)
+    wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")
+    hit = forbidden(op)
+    assert hit is None, hit
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_operator_as_the_chart_service_account_reconciles_updates_and_deletes(scope: str, k8s: Cluster) -> None:
+    rel, work = k8s.make_namespace("hpd-system"), k8s.make_namespace("models")
+    release = "hpd"
+    # cluster: every namespace (no --namespace); namespace: a Role in `work` only, the operator in `rel`.
+    install(k8s, release, rel, scope=scope, watch=[] if scope == "cluster" else [work])
+    args = chart_args(k8s.api, release, rel)
+    assert ("--namespace=" + work in args) == (scope == "namespace")
+    sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
+    op = k8s.start_operator(sa_kc, args)
+    prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
+    k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig)
+
+
+def chart_default(which: str) -> str:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    return str(values["images"][which])
+
+
+# (apiGroup, resource, verb) taken away from the chart's Role -> the proof must fail with a 403.
+REMOVED = [
+    ("apps", "deployments", "patch"),  # server-side apply of the role Deployments
+    ("hybridpd.io", "hybridpddeployments/status", "patch"),  # status writes
+    ("hybridpd.io", "hybridpddeployments/finalizers", "update"),  # blockOwnerDeletion on every child
+    ("", "pods", "watch"),  # the router's Role cannot be granted without holding it
+    ("", "events", "create"),  # Events on the CR
+]
+
+
+@pytest.mark.parametrize("removed", REMOVED, ids=lambda r: f"{r[1]}-{r[2]}")
+def test_removing_one_verb_from_the_chart_rules_makes_the_proof_fail(
+    removed: tuple[str, str, str], k8s: Cluster
+) -> None:
+    rel, work = k8s.make_namespace("hpd-system"), k8s.make_namespace("models")
+    release = "hpd"
+    install(k8s, release, rel, scope="namespace", watch=[work])
+    rbac = client.RbacAuthorizationV1Api(k8s.api)
+    role = rbac.read_namespaced_role(f"{release}-hybrid-pd-operator", work)
+    group, resource, verb = removed
+    rules = [r.to_dict() for r in role.rules]
+    hits = [r for r in rules if group in r["api_groups"] and resource in r["resources"] and verb in r["verbs"]]
+    assert len(hits) == 1, f"the chart grants {removed} in exactly one rule"
+    for r in rules:
+        if r is hits[0]:
+            rest = [x for x in r["resources"] if x != resource]
+            if rest:  # split the rule so only this resource loses the verb
+                rules.append({**copy.deepcopy(r), "resources": rest})
+            r["resources"], r["verbs"] = [resource], [v for v in r["verbs"] if v != verb]
+    kept = [r for r in rules if r["verbs"]]  # a rule left without verbs goes entirely
+    body = {"rules": [{"apiGroups": r["api_groups"], "resources": r["resources"], "verbs": r["verbs"]} for r in kept]}
+    rbac.patch_namespaced_role(role.metadata.name, work, body)
+    sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
+    op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))
+    with pytest.raises(Forbidden, match="403"):
+        prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
+    k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig)
+
+
+def test_proof_notices_a_403_in_the_metrics_only(tmp_path: Path) -> None:
+    """The detector itself: a 403 counted in the metrics (not logged) is found; a zero counter is not."""
+
+    class Fake(OperatorProcess):
+        def __init__(self, log: Path, text: str) -> None:
+            self.log, self.text = log, text
+
+        def metrics(self) -> str:
+            return self.text
+
+    log = tmp_path / "op.log"
+    log.write_text("INFO reconciled\n")
+    ok = 'hpd_operator_api_errors_total{op="event",status="403"} 0.0\n'
+    bad = 'hpd_operator_api_errors_total{op="event",status="403"} 1.0\n'
+    assert forbidden(Fake(log, ok)) is None
+    assert forbidden(Fake(log, bad)) == bad.strip()
+    log.write_text("kopf: APIForbiddenError: ('hybridpddeployments is forbidden', {\"code\": 403})\n")
+    assert forbidden(Fake(log, ok))
