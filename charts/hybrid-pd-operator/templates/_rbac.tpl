@@ -3,7 +3,8 @@ The operator's rules: every verb is there because of a call the operator makes (
 RBAC test (tests/chart/test_rbac_proof.py) runs the operator as this ServiceAccount with exactly these rules and
 fails on any 403, and shows that dropping one verb breaks it. The same list is used for the ClusterRole
 (rbac.scope=cluster) and for the Role in each watched namespace (rbac.scope=namespace). Nothing here is
-cluster-scoped: kopf's CRD/namespace scanning is off (settings.py), so namespace mode needs no ClusterRole.
+cluster-scoped but one read: kopf's CRD/namespace scanning is off (settings.py); `hpd.nodeRules` (nodes: list, metadata
+only) is the one cluster-scoped rule, in both scopes, behind rbac.readNodes (templates/rbac.yaml).
 */}}
 {{- define "hpd.rules" -}}
 # The custom resource. list+watch: kopf's watch stream (create/update/resume handlers) and the resync loop's
@@ -21,36 +22,51 @@ cluster-scoped: kopf's CRD/namespace scanning is off (settings.py), so namespace
 - apiGroups: ["hybridpd.io"]
   resources: ["hybridpddeployments/finalizers"]
   verbs: ["update"]
-# Events on the CR: Created/Updated/Pruned/InvalidSpec/ApplyFailed (handlers._event) and kopf's warnings.
+# Events on the CR: Created/Updated/Pruned and condition transitions (report.event) and kopf's warnings. An Event
+# has a deterministic name per CR/type/reason/message: create, and on a repeat get + patch its count (aggregation).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "get", "patch"]
 # Children (apply.KINDS). patch: server-side apply updates them (apply.apply); create: the same apply PATCH creates
 # a missing child, which the apiserver authorizes as `create` too; list: the existing set by label selector, to
 # prune and to observe Deployment status (apply.list_children); delete: prune of children no longer desired
-# (apply.delete). No get/watch/update: no such call is made.
+# (apply.delete); get: the ownership check reads each desired child by name before applying it, so an object owned
+# by another CR or by nobody is never taken over (apply.foreign). No watch/update: no such call is made.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # The router's Role and RoleBinding (builders/router.py).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# The per-CR NetworkPolicies (builders/networkpolicy.py, spec.networkPolicy).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # PodMonitors, only used when the Prometheus Operator's CRD is served (apply.api_available reads discovery,
 # which every authenticated user may read).
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # Not read by the operator itself: Kubernetes lets it create the router's Role (get/list/watch pods, the
 # router's discovery) only if it holds those permissions itself (RBAC escalation prevention). Holding them is far
 # narrower than the alternative, the `escalate` and `bind` verbs on roles, which would let it grant anything.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{- define "hpd.nodeRules" -}}
+# Nodes are cluster-scoped, so no Role can grant this. The operator lists node names (metadata only,
+# report.observe_nodes) so a Ready pod bound to a node that no longer exists stops counting as Ready at once
+# (status NodeLost) instead of after the pod garbage collector (40-60 s). Without it that check is skipped.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list"]
 {{- end }}
