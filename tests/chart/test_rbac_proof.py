@@ -46,7 +46,7 @@ def forbidden(op: OperatorProcess) -> str | None:
     except OSError:
         return None  # not serving yet
     for line in metrics.splitlines():
-        if line.startswith("hpd_operator_api_errors_total{") and 'status="403"' in line and not line.endswith(" 0.0"):
+        if line.startswith("hpd_operator_api_errors_total{") and 'code="403"' in line and not line.endswith(" 0.0"):
             return line
     return None
 
@@ -126,8 +126,13 @@ def prove(
     engine = apps.read_namespaced_deployment(f"{name}-decode", ns).spec.template.spec.containers[0]
     router = apps.read_namespaced_deployment(f"{name}-router", ns).spec.template.spec.containers[0]
     assert (engine.image, router.image) == images  # the chart's images.* reached the children
-    events = client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    assert {e.reason for e in events} >= {"Created"}
+    core = client.CoreV1Api(api)
+
+    def created_event() -> bool:  # the Event is posted after the status write: wait for it (STYLE item 13)
+        events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+        return "Created" in {e.reason for e in events}
+
+    wait(op, created_event, "the Created Event on the CR")
 
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"replicas": 2}}})
     wait(
