@@ -23,9 +23,11 @@ built from, build-args, the base's hash), so a warm `ensure_image` costs one `bu
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -38,6 +40,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
+
+import yaml
 
 from hpd_devcluster.build import cache_dir
 
@@ -297,8 +301,8 @@ def run_command(image: str, argv: list[str], env: dict[str, str], mounts: dict[s
     """The argv for `subprocess.Popen` that runs `argv` inside `image` on the host network.
 
     The process runs as the image's USER (uid 1000 for ours) with the image's environment plus `env`; each
-    `mounts` item binds host path -> container path read-only (e.g. a kubeconfig, which must then be readable by
-    that uid). It reaches a local apiserver on 127.0.0.1. A throw-away working container is created at start and
+    `mounts` item binds host path -> container path read-only (e.g. a kubeconfig: make it self-contained and
+    readable by that uid with `portable_kubeconfig`). It reaches a local apiserver on 127.0.0.1. A throw-away working container is created at start and
     removed at exit; SIGTERM/SIGINT to the returned process are forwarded to the command.
     """
     out = [sys.executable, "-m", "hpd_devcluster.images", "run", image]
@@ -307,6 +311,27 @@ def run_command(image: str, argv: list[str], env: dict[str, str], mounts: dict[s
     for host, ctr in mounts.items():
         out += ["--mount", f"{host}:{ctr}"]
     return [*out, "--", *argv]
+
+
+_FILE_TO_DATA = {"certificate-authority": "certificate-authority-data", "client-certificate": "client-certificate-data",
+                 "client-key": "client-key-data"}  # fmt: skip
+
+
+def portable_kubeconfig(src: Path, dest: Path) -> Path:
+    """Write `src` to `dest` with every referenced cert/key file inlined (`*-data`), mode 0644.
+
+    For `run_command` mounts: inside the image only the one mounted file exists, and the image's user (uid 1000)
+    must be able to read it. Treat `dest` as a secret (it holds the client key); put it in a private directory.
+    """
+    config = yaml.safe_load(src.read_text())
+    for entry in [*config.get("clusters", []), *config.get("users", [])]:
+        body = entry.get("cluster") or entry.get("user") or {}
+        for key, data_key in _FILE_TO_DATA.items():
+            if key in body:
+                body[data_key] = base64.b64encode(Path(body.pop(key)).read_bytes()).decode()
+    dest.write_text(json.dumps(config, indent=2))
+    dest.chmod(0o644)
+    return dest
 
 
 def _run_inside(image: str, argv: list[str], env: list[str], mounts: list[str]) -> int:

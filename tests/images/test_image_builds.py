@@ -167,3 +167,30 @@ def test_image_reference_follows_the_dockerfile_content(
     changed.write_text(images.SPECS["operator"].dockerfile.read_text() + "# changed\n")
     monkeypatch.setitem(images.SPECS, "operator", dataclasses.replace(images.SPECS["operator"], dockerfile=changed))
     assert images.image_ref("operator")[0] != ref
+
+
+@pytest.mark.cluster
+def test_operator_image_reaches_the_local_apiserver_with_a_mounted_kubeconfig(
+    operator_image: str, kubeconfig: Path, api_client: Any, tmp_path: Path
+) -> None:
+    from kubernetes import client
+
+    private = tmp_path / "kube"
+    private.mkdir(mode=0o755)
+    images.portable_kubeconfig(kubeconfig, private / "config")
+    script = (
+        "from kubernetes import client, config;"
+        "config.load_kube_config('/etc/hpd/config');"
+        "print(client.VersionApi().get_code().git_version);"
+        "print(len(client.CoreV1Api().list_namespace().items) > 0)"
+    )
+    out = subprocess.run(
+        images.run_command(operator_image, ["python", "-c", script], {}, {str(private): "/etc/hpd"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    expected = client.VersionApi(api_client).get_code().git_version
+    assert out.stdout.split() == [expected, "True"]
