@@ -291,7 +291,25 @@ def ensure_image(name: ImageName) -> str:
                 [*buildah(), "bud", *BUD_FLAGS, "--build-arg", f"{spec.base_arg}={base}", "-f", str(spec.dockerfile), "-t", ref, str(ctx)],
             )  # fmt: skip
         _log(f"built {ref} in {time.monotonic() - t0:.0f} s")
+        _prune(name)
         return ref
+
+
+KEEP_PER_IMAGE = 4
+"""Older builds of an image kept in the cache (several worktrees share it); vfs makes each one a full copy."""
+
+
+def _prune(name: ImageName) -> None:
+    """Remove all but the newest KEEP_PER_IMAGE builds of `name` (an image still in use is left alone)."""
+    listed = subprocess.run(
+        [*buildah(), "images", "--json", "--filter", f"reference=localhost/hpd-{name}"],
+        capture_output=True, text=True, env=_env(), check=False,
+    )  # fmt: skip
+    if listed.returncode != 0 or not listed.stdout.strip():
+        return
+    found = sorted(json.loads(listed.stdout), key=lambda image: image.get("created", 0), reverse=True)
+    for image in found[KEEP_PER_IMAGE:]:
+        subprocess.run([*buildah(), "rmi", image["id"]], capture_output=True, env=_env(), check=False)
 
 
 # --- running a command inside an image -------------------------------------------------------------------------------
