@@ -55,8 +55,9 @@ BASE_PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", 
 TORCH_STANDIN_VERSION = "2.11.0"
 """The torch that vLLM 0.20.0 pins (shared/reference/vllm-facts.md); only its metadata is installed."""
 
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "operator/hpd_operator", "images/runtime/hpd_runtime")
-"""Everything the project wheel is built from (it must not contain hack/: tests/packaging checks that)."""
+WHEEL_SOURCES = ("pyproject.toml", "operator/hpd_operator", "images/runtime/hpd_runtime")
+"""Everything the project wheel is built from here (tests/images/test_wheel_contents.py checks hack/ is not in it).
+README.md, the wheel's long description, is replaced by a stub so that editing it does not rebuild the images."""
 
 # The base's customize hook: runs on the host with the chroot as $1. Part of the base's hash.
 _BASE_HOOK = (
@@ -253,6 +254,7 @@ def build_wheel(dist: Path) -> Path:
                 shutil.copy2(REPO / rel, src / rel)
             else:
                 shutil.copytree(REPO / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        (src / "README.md").write_text("hybrid-pd-operator (local build; the published wheel has the README)\n")
         _run("wheel", [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dist), str(src)])
     (wheel,) = dist.glob("hybrid_pd_operator-*.whl")
     return wheel
@@ -291,7 +293,25 @@ def ensure_image(name: ImageName) -> str:
                 [*buildah(), "bud", *BUD_FLAGS, "--build-arg", f"{spec.base_arg}={base}", "-f", str(spec.dockerfile), "-t", ref, str(ctx)],
             )  # fmt: skip
         _log(f"built {ref} in {time.monotonic() - t0:.0f} s")
+        _prune(name)
         return ref
+
+
+KEEP_PER_IMAGE = 4
+"""Older builds of an image kept in the cache (several worktrees share it); vfs makes each one a full copy."""
+
+
+def _prune(name: ImageName) -> None:
+    """Remove all but the newest KEEP_PER_IMAGE builds of `name` (an image still in use is left alone)."""
+    listed = subprocess.run(
+        [*buildah(), "images", "--json", "--filter", f"reference=localhost/hpd-{name}"],
+        capture_output=True, text=True, env=_env(), check=False,
+    )  # fmt: skip
+    if listed.returncode != 0 or not listed.stdout.strip():
+        return
+    found = sorted(json.loads(listed.stdout), key=lambda image: image.get("created", 0), reverse=True)
+    for image in found[KEEP_PER_IMAGE:]:
+        subprocess.run([*buildah(), "rmi", image["id"]], capture_output=True, env=_env(), check=False)
 
 
 # --- running a command inside an image -------------------------------------------------------------------------------
