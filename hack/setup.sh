@@ -9,12 +9,12 @@ if ! command -v go >/dev/null 2>&1; then
   exit 2
 fi
 stamp=.venv/.hpd-installed
-want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml hack/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] creating .venv and installing hybrid-pd-operator[dev] ..." >&2
+  echo "[setup] creating .venv and installing hybrid-pd-operator[dev] + the hack/ harness (editable) ..." >&2
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev]' -e ./hack  # the harness is not in the operator's wheel
   echo "$want" > "$stamp"
 fi
 .venv/bin/python -m hpd_devcluster build >/dev/null

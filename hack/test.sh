@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 hack/setup.sh
 # Prometheus + promtool (Debian package) for tests/monitoring: installed once, never started as a service.
 hack/prometheus.sh >/dev/null
+hack/image-tools.sh  # buildah + mmdebstrap from Debian: the image tests build our images for real
+hack/actionlint.sh >/dev/null  # the release workflow's linter, built once from its Go module
 # The version truth test parses the generated argv with vLLM 0.20.0's own parser, in a test-only venv kept in
 # ~/.cache/hybrid-pd (about 5.5 GB and 2 minutes once; reused afterwards).
 hack/vllm-parser-env.sh 0.20.0 >/dev/null

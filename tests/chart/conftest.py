@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,10 +63,22 @@ class OperatorProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                # The runner starts the container in its own session: kill that group too, or it would outlive us.
+                for child in _children(self.proc.pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child, signal.SIGKILL)
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
 
 
 def free_port() -> int:
@@ -75,17 +87,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def operator_argv(args: list[str]) -> list[str]:
-    """HOW the operator runs, in one place: from the host venv (`python -m hpd_operator run ...`)."""
-    return [sys.executable, "-m", "hpd_operator", "run", *args]
+KUBECONFIG_IN_IMAGE = "/etc/hpd/kubeconfig"
+
+
+def operator_argv(image: str, args: list[str], kubeconfig: Path) -> list[str]:
+    """HOW the operator runs, in one place: its built image (`buildah run`, host network, as the image's USER),
+    `python -m hpd_operator run ARGS`, with `kubeconfig` (self-contained, world-readable) mounted read-only."""
+    from hpd_devcluster import images
+
+    private = kubeconfig.parent / "mount"
+    private.mkdir(mode=0o755, exist_ok=True)
+    mounted = private / Path(KUBECONFIG_IN_IMAGE).name
+    shutil.copyfile(kubeconfig, mounted)
+    mounted.chmod(0o644)  # the image's uid 1000 reads it (a short-lived test token)
+    return images.run_command(
+        image,
+        ["python", "-m", "hpd_operator", "run", *args],
+        {"KUBECONFIG": KUBECONFIG_IN_IMAGE},
+        {str(private): str(Path(KUBECONFIG_IN_IMAGE).parent)},
+    )
+
+
+@pytest.fixture(scope="session")
+def operator_image() -> str:
+    """The operator image, built with buildah from this checkout (cached by content hash)."""
+    from hpd_devcluster import images
+
+    return images.ensure_image("operator")
 
 
 @pytest.fixture()
 def start_operator(
-    tmp_path: Path, request: pytest.FixtureRequest
+    operator_image: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[[Path, list[str]], OperatorProcess]]:
-    """start(kubeconfig, args) runs the operator with exactly `args` (the chart's Deployment args) except its two
-    ports: liveness off, metrics on a free loopback port. Stopped at teardown; its log printed on failure."""
+    """start(kubeconfig, args) runs the operator FROM ITS IMAGE with exactly `args` (the chart's Deployment args)
+    except its two ports: liveness off, metrics on a free loopback port (host network). Stopped at teardown; its
+    log printed on failure."""
     started: list[OperatorProcess] = []
 
     def start(kubeconfig: Path, args: list[str]) -> OperatorProcess:
@@ -94,8 +131,7 @@ def start_operator(
         log = tmp_path / f"operator-{len(started)}.log"
         with log.open("ab") as f:
             proc = subprocess.Popen(
-                operator_argv([*keep, "--liveness-port=0", f"--metrics-port={port}"]),
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                operator_argv(operator_image, [*keep, "--liveness-port=0", f"--metrics-port={port}"], kubeconfig),
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,

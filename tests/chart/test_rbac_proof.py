@@ -1,17 +1,18 @@
-"""The chart's RBAC is proven, not assumed: the operator runs with a token of the chart's ServiceAccount (TokenRequest
-API, as in its pod), with exactly the args of the chart's Deployment, against the real local control plane (RBAC
-on, OwnerReferencesPermissionEnforcement on). It reconciles the sample CR to Ready, follows an update, and the CR's
+"""The chart's RBAC is proven, not assumed: the operator runs FROM ITS BUILT IMAGE (buildah, host network; HOW is
+the one `operator_argv` in conftest.py) with a token of the chart's ServiceAccount (TokenRequest API, as in its pod)
+and exactly the args of the chart's Deployment, against the real local control plane (RBAC on,
+OwnerReferencesPermissionEnforcement on). It reconciles the sample CR to Ready, follows an update, and the CR's
 deletion, in both RBAC scopes, with no 403 anywhere; and taking one verb away from the chart's rules makes it fail.
 
 A 403 shows either in the operator's log (kopf and the resync loop log API errors) or in its
-hpd_operator_api_errors_total{status="403"} metric (Events are best effort and only counted)."""
+hpd_operator_api_errors_total{code="403"} metric (Events are best effort and only counted)."""
 
 from __future__ import annotations
 
 import copy
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
 from .conftest import Cluster, OperatorProcess
@@ -27,7 +29,7 @@ from .helmkit import CHART, REPO, adopt_crd, sa_kubeconfig
 pytestmark = pytest.mark.cluster
 G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
 SAMPLE = REPO / "examples" / "nemotron-3-nano.yaml"
-T = 60.0
+T = 120.0  # a deadline only: success returns at once (the shared CI box can be slow)
 R = TypeVar("R")
 _FORBIDDEN_LOG = re.compile(r"\b403\b|Forbidden|forbidden|Not enough permissions")
 
@@ -79,7 +81,8 @@ def install(k8s: Cluster, release: str, ns: str, *, scope: str, watch: list[str]
     sets = ["--set", f"rbac.scope={scope}", "--set", "operator.resyncSeconds=2"]  # faster status in tests
     for i, w in enumerate(watch):
         sets += ["--set", f"watchNamespaces[{i}]={w}"]
-    helm.run("install", release, str(CHART), "-n", ns, *sets, "--wait", "--timeout", "90s", kubeconfig=kubeconfig)
+    # No --wait: the proof needs the ServiceAccount and RBAC (created synchronously), not the (kwok) operator pod.
+    helm.run("install", release, str(CHART), "-n", ns, *sets, kubeconfig=kubeconfig)
 
 
 def chart_args(api: client.ApiClient, release: str, ns: str) -> list[str]:
@@ -89,10 +92,73 @@ def chart_args(api: client.ApiClient, release: str, ns: str) -> list[str]:
 
 
 def sample(name: str) -> dict[str, Any]:
+    """The seed example with every optional child on: 2 decode replicas (a PodDisruptionBudget) and PodMonitors."""
     doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     doc["metadata"] = {"name": name}
     doc["spec"].pop("image", None)  # the operator's default image: the chart's images.vllm
+    doc["spec"]["decode"]["replicas"] = 2
+    doc["spec"]["monitoring"] = {"podMonitor": True}
     return doc
+
+
+PODMONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {
+            "kind": "PodMonitor",
+            "listKind": "PodMonitorList",
+            "plural": "podmonitors",
+            "singular": "podmonitor",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
+    """The Prometheus Operator's PodMonitor kind (a schema-less stand-in when absent), so the proof covers the
+    operator's PodMonitor calls too; removed afterwards only if this module created it."""
+    ext = client.ApiextensionsV1Api(api_client)
+    name = PODMONITOR_CRD["metadata"]["name"]
+    try:
+        ext.read_custom_resource_definition(name)
+        created = False
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+        ext.create_custom_resource_definition(PODMONITOR_CRD)
+        created = True
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    wait_for(established, 30, what="PodMonitor CRD established")
+    yield
+    if created:
+        ext.delete_custom_resource_definition(name)
+
+
+def optional_children(api: client.ApiClient, ns: str, name: str) -> tuple[list[str], list[str]]:
+    """(PodDisruptionBudgets, PodMonitors) of the CR."""
+    sel = f"app.kubernetes.io/instance={name}"
+    pdbs = client.PolicyV1Api(api).list_namespaced_pod_disruption_budget(ns, label_selector=sel).items
+    pms = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", ns, "podmonitors", label_selector=sel
+    )["items"]
+    return sorted(p.metadata.name for p in pdbs), sorted(p["metadata"]["name"] for p in pms)
 
 
 def get_cr(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
@@ -134,13 +200,20 @@ def prove(
 
     wait(op, created_event, "the Created Event on the CR")
 
-    co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"replicas": 2}}})
+    pdbs, pms = optional_children(api, ns, name)
+    assert pdbs == [f"{name}-decode"] and len(pms) == 2
+
+    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned.
+    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}}
+    co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
     wait(
         op,
         lambda: (
-            apps.read_namespaced_deployment(f"{name}-decode", ns).spec.replicas == 2 and ready(get_cr(api, ns, name))
+            apps.read_namespaced_deployment(f"{name}-decode", ns).spec.replicas == 1
+            and optional_children(api, ns, name) == ([], [])
+            and ready(get_cr(api, ns, name))
         ),
-        f"{name} decode scaled to 2 and Ready",
+        f"{name} decode scaled to 1, PDB and PodMonitors pruned, Ready",
     )
 
     co.delete_namespaced_custom_object(G, V, ns, P, name)
@@ -175,6 +248,7 @@ REMOVED = [
     ("hybridpd.io", "hybridpddeployments/finalizers", "update"),  # blockOwnerDeletion on every child
     ("", "pods", "watch"),  # the router's Role cannot be granted without holding it
     ("", "events", "create"),  # Events on the CR
+    ("monitoring.coreos.com", "podmonitors", "create"),  # PodMonitors (when the Prometheus Operator is there)
 ]
 
 
@@ -219,8 +293,8 @@ def test_proof_notices_a_403_in_the_metrics_only(tmp_path: Path) -> None:
 
     log = tmp_path / "op.log"
     log.write_text("INFO reconciled\n")
-    ok = 'hpd_operator_api_errors_total{op="event",status="403"} 0.0\n'
-    bad = 'hpd_operator_api_errors_total{op="event",status="403"} 1.0\n'
+    ok = 'hpd_operator_api_errors_total{operation="event",code="403"} 0.0\n'
+    bad = 'hpd_operator_api_errors_total{operation="event",code="403"} 1.0\n'
     assert forbidden(Fake(log, ok)) is None
     assert forbidden(Fake(log, bad)) == bad.strip()
     log.write_text("kopf: APIForbiddenError: ('hybridpddeployments is forbidden', {\"code\": 403})\n")

@@ -118,7 +118,7 @@ def runtime_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         if (REPO / name).exists():
             shutil.copy2(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache")
-    for pkg in ("operator/hpd_operator", "images/runtime/hpd_runtime", "hack/hpd_devcluster"):
+    for pkg in ("operator/hpd_operator", "images/runtime/hpd_runtime"):
         if (REPO / pkg).exists():
             shutil.copytree(REPO / pkg, src / pkg, ignore=ignore)
     dist = work / "dist"
