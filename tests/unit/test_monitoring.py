@@ -132,3 +132,37 @@ def test_docs_list_every_operator_metric_and_every_alert() -> None:
     assert len(names) == 13
     assert [n for n in sorted(names) if f"`{n}`" not in doc] == []
     assert [a.name for a in rules.alerts() if f"`{a.name}`" not in doc] == []
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(name, {"controller": metrics.CONTROLLER, **labels})
+    assert value is not None, name
+    return float(value)
+
+
+def test_reconcile_counts_success_errors_and_invalid_specs_like_controller_runtime() -> None:
+    import pytest
+
+    from hpd_operator.errors import SpecError
+
+    def snapshot() -> tuple[float, ...]:
+        return (
+            _sample("controller_runtime_reconcile_total", result="success"),
+            _sample("controller_runtime_reconcile_total", result="error"),
+            _sample("controller_runtime_reconcile_errors_total"),
+            _sample("controller_runtime_terminal_reconcile_errors_total"),
+            _sample("controller_runtime_reconcile_time_seconds_count"),
+        )
+
+    before = snapshot()
+    with metrics.reconcile():
+        pass
+    with pytest.raises(SpecError), metrics.reconcile():
+        raise SpecError.one("spec.decode.replicas", "min", "must be >= 0")
+    with pytest.raises(RuntimeError), metrics.reconcile():
+        raise RuntimeError("apiserver gone")
+    after = snapshot()
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 2, 2, 1, 3)
+    assert _sample("controller_runtime_active_workers") == 0
