@@ -2,7 +2,9 @@
 
 A fixed table of the kinds the builders make maps apiVersion/kind to REST paths, so there is no discovery round
 trip per reconcile. Every apply is `PATCH application/apply-patch+yaml` with fieldManager hybrid-pd-operator and
-force=true: a changed spec updates the child in place, and drift by someone else is overwritten.
+force=true: a changed spec updates the child in place, and drift by someone else is overwritten. Force is only
+used on objects this CR owns: `foreign` finds the desired names held by another object (another CR's child, or one
+nobody manages), which the operator reports instead of taking over (same field manager = silent takeover).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("v1", "ServiceAccount", "serviceaccounts"),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
 )
 """Every kind the builders can produce: apply and prune both walk this table."""
@@ -82,9 +85,93 @@ def apply(api: client.ApiClient, obj: Manifest) -> Manifest:
         f"{k.base(md['namespace'])}/{md['name']}",
         query_params=[("fieldManager", contract.FIELD_MANAGER), ("force", "true")],
         header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-        body=json.dumps(obj),  # JSON is YAML; a str body is sent as-is
+        # JSON is YAML, but a YAML parser rejects JSON's surrogate-pair escapes of non-BMP characters (an emoji in
+        # an env value -> 400): send the characters themselves, UTF-8 encoded.
+        body=json.dumps(obj, ensure_ascii=False).encode(),
     )
     return out
+
+
+def read(
+    api: client.ApiClient,
+    path: str,
+    query_params: list[tuple[str, str]] | None = None,
+    accept: str = "application/json",
+) -> Manifest:
+    """GET one REST path as JSON (lists of pods, nodes: no model round trip)."""
+    out: Manifest = _call(api, "GET", path, query_params=query_params, header_params={"Accept": accept})
+    return out
+
+
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+"""Accept header for a list of metadata only (names of nodes without their status)."""
+
+
+def get(api: client.ApiClient, obj: Mapping[str, Any]) -> Manifest | None:
+    """The live object named like `obj` (None if absent)."""
+    k = kind_of(obj)
+    md = obj["metadata"]
+    try:
+        out: Manifest = _call(
+            api, "GET", f"{k.base(md['namespace'])}/{md['name']}", header_params={"Accept": "application/json"}
+        )
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    out["apiVersion"], out["kind"] = k.api_version, k.kind
+    return out
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(r.get("uid") == uid for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def holder(obj: Mapping[str, Any]) -> str:
+    """Who controls `obj`, in words (for the OwnershipConflict message)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    ctl = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    if ctl is None:
+        return "not owned by any object"
+    return f"owned by {ctl.get('kind')} {ctl.get('name')}"
+
+
+def foreign(
+    api: client.ApiClient, desired: Iterable[Manifest], existing: Mapping[tuple[str, str, str], Manifest], uid: str
+) -> dict[tuple[str, str, str], str]:
+    """Desired children whose name is taken by an object not owned by the CR `uid` -> who holds it.
+
+    `existing` is what the label listing found; a desired name missing there is looked up by name (only on
+    creation or when someone removed our labels), so the usual reconcile makes no extra request."""
+    out: dict[tuple[str, str, str], str] = {}
+    for obj in desired:
+        k = key(obj)
+        live = existing[k] if k in existing else get(api, obj)
+        if live is not None and not owned_by(live, uid):
+            out[k] = holder(live)
+    return out
+
+
+def api_message(e: client.ApiException) -> str:
+    """The apiserver's own message (it names the field: `spec.ports[1].port: Duplicate value: 8000`)."""
+    try:
+        body = json.loads(e.body or "")
+    except (TypeError, ValueError):
+        body = None
+    msg = body.get("message") if isinstance(body, dict) else None
+    return f"{e.status} {e.reason}: {msg or str(e.body or '')[:1000]}"
+
+
+REFUSED_500 = ("failed to create typed patch object", "failed to convert new object", "unable to convert unstructured")
+"""Server-side apply answers 500 (not 422) when the object does not fit the kind's schema (a string where a map
+belongs, duplicate keys of a list map, a malformed quantity): as permanent as a 422."""
+
+
+def refused(e: client.ApiException) -> bool:
+    """The apiserver refused this object for good (until the spec changes): not worth a blind retry."""
+    if e.status in (400, 403, 404, 409, 422):
+        return True
+    return e.status == 500 and any(m in str(e.body) for m in REFUSED_500)
 
 
 def list_children(

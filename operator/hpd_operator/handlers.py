@@ -1,13 +1,16 @@
-"""kopf handlers only: parse -> profile -> build -> apply + prune -> status. No manifest is built here.
+"""kopf handlers and the reconcile of one CR as a short list of named steps; the I/O lives in apply.py (children)
+and report.py (reads, status, Events); status.py is pure.
 
-- `reconcile` (create, update of spec, resume): the whole desired set every time; an invalid spec becomes
-  `Ready=False, reason=InvalidSpec` + a Warning Event naming the field + kopf.PermanentError (not retried until
-  the spec changes), and nothing is applied or pruned.
-- the resync loop (every settings.current().resync_seconds): lists the CRs in the watched namespaces and runs the
-  same converge for each (drift correction: an edited or deleted child comes back) + fresh status from the
-  observed Deployments. Never posts the InvalidSpec Event again. It is a plain asyncio task started at startup,
-  NOT a kopf timer: kopf always puts a finalizer on objects with timers/daemons, and a finalizer would block
-  `kubectl delete` while the operator is down.
+- `reconcile` (create, update of spec, resume) and the resync loop both run `converge`: parse -> build -> claim ->
+  apply -> prune, then observe -> report. Each CR is isolated: whatever one step raises for one CR (an invalid spec,
+  a child the apiserver refuses, a name held by someone else, a bug) becomes THAT CR's `Ready=False` condition
+  with a reason from conditions.Reason and a message naming the step, child or field, plus one Warning Event on the
+  transition; the remaining steps that change children are skipped, observedGeneration is written, and the loop
+  goes on with the next CR. Only transient API failures (5xx, 429, no connection) are retried without a status.
+- the resync loop (every settings.current().resync_seconds): lists the CRs in the watched namespaces and converges
+  each (drift correction: an edited or deleted child comes back) with fresh status from the observed Deployments
+  and pods. It is a plain asyncio task started at startup, NOT a kopf timer: kopf always puts a finalizer on
+  objects with timers/daemons, and a finalizer would block `kubectl delete` while the operator is down.
 - No finalizer: children carry owner references, so the garbage collector deletes them even when the operator is
   down; the delete handler is optional and only forgets metrics.
 """
@@ -15,28 +18,30 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
+import urllib3
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, settings
+from hpd_operator import metrics, report, settings
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import build_all, instance_selector, role_name, router_name
+from hpd_operator.builders import Manifest, build_all, instance_selector
+from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
-from hpd_operator.status import COMPONENTS, compute_status
+from hpd_operator.status import compute_status, transitions
 from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
 PODMONITOR = ("monitoring.coreos.com/v1", "PodMonitor")
-_DEPLOYMENT = k8s.kind_of({"apiVersion": "apps/v1", "kind": "Deployment"})
+Key = tuple[str, str, str]
 
 
 @kopf.on.startup(id="client")
@@ -48,10 +53,6 @@ def connect(memo: kopf.Memo, **_: Any) -> None:
     except config.ConfigException:
         config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     memo.api = client.ApiClient(cfg)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cr_object(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,213 +73,272 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _write_status(api: client.ApiClient, body: kopf.Body, status: dict[str, Any]) -> None:
-    current = body.get("status") or {}
-    if all(current.get(k) == v for k, v in status.items()):
-        return
-    md = body["metadata"]
+@dataclass
+class Run:
+    """One reconcile of one CR: what each step found, in order."""
+
+    api: client.ApiClient
+    body: Mapping[str, Any]
+    trigger: str
+    nodes: frozenset[str] | None = None
+    cr: HybridPDDeployment | None = None
+    profile: Profile | None = None
+    desired: list[Manifest] = field(default_factory=list)
+    ours: dict[Key, Manifest] = field(default_factory=dict)
+    conflicts: dict[Key, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    actions: dict[Reason, list[str]] = field(default_factory=lambda: defaultdict(list))
+    observed: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    podmonitor_served: bool = False
+    failure: Failure | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.body["metadata"].get("uid"))
+
+
+class TransientError(Exception):
+    """The API failed in a way worth retrying (5xx, 429, no connection): no status is written for it."""
+
+
+def parse(run: Run) -> None:
+    """Parse once, then the profile (raises SpecError naming the field)."""
+    cfg = settings.current()
+    run.cr = parse_cr(_cr_object(run.body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
+    run.profile = compute_profile(run.cr.spec)
+
+
+def build(run: Run) -> None:
+    """The whole desired set, owned by the CR; PodMonitors only where the apiserver serves them."""
+    assert run.cr is not None and run.profile is not None
     try:
-        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
+        desired = build_all(run.cr, run.profile)
+    except Exception as e:  # the schema let through something a builder cannot use: say where to look
+        free = free_form_fields(run.cr)
+        hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""
+        raise BuildError(f"{type(e).__name__}: {e}{hint}") from e
+    run.podmonitor_served = k8s.api_available(run.api, *PODMONITOR)
+    if not run.podmonitor_served and any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired):
+        run.notes.append(
+            "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
         )
-    except client.ApiException as e:
-        metrics.api_error("status", e.status)
-        if e.status != 404:  # the CR is gone: nothing to report on
-            raise
-
-
-def _observe(api: client.ApiClient, namespace: str, name: str) -> dict[str, dict[str, Any] | None]:
-    deps = k8s.list_children(api, namespace, instance_selector(name), kinds=[_DEPLOYMENT])
-    by_name = {d["metadata"]["name"]: d for d in deps}
-    names = {"prefill": role_name(name, "prefill"), "decode": role_name(name, "decode")}
-    names[contract.COMPONENT_ROUTER] = router_name(name)
-    return {comp: by_name.get(names[comp]) for comp in COMPONENTS}
-
-
-def _event(api: client.ApiClient, body: kopf.Body, type_: str, reason: str, message: str) -> None:
-    """A core/v1 Event on the CR (posted directly: it works the same from handlers and the resync loop)."""
-    md = body["metadata"]
-    now = datetime.datetime.now(datetime.UTC)
-    ev = client.CoreV1Event(
-        metadata=client.V1ObjectMeta(generate_name=f"{md['name']}.", namespace=md["namespace"]),
-        involved_object=client.V1ObjectReference(
-            api_version=body.get("apiVersion"),
-            kind=body.get("kind"),
-            name=md["name"],
-            namespace=md["namespace"],
-            uid=md.get("uid"),
-            resource_version=md.get("resourceVersion"),
-        ),
-        type=type_,
-        reason=reason,
-        message=message[:1024],
-        source=client.V1EventSource(component=contract.MANAGED_BY),
-        reporting_component=contract.MANAGED_BY,
-        reporting_instance=contract.MANAGED_BY,
-        first_timestamp=now,
-        last_timestamp=now,
-        count=1,
-    )
-    try:
-        client.CoreV1Api(api).create_namespaced_event(md["namespace"], ev)
-    except client.ApiException as e:  # an Event is best effort; never fail a reconcile over it
-        metrics.api_error("event", e.status)
-
-
-def _reject(api: client.ApiClient, body: kopf.Body, err: SpecError, *, post_event: bool) -> dict[str, Any]:
-    md = body["metadata"]
-    if post_event:
-        _event(api, body, "Warning", "InvalidSpec", err.message)
-    observed = _observe(api, md["namespace"], md["name"])
-    status = compute_status(
-        name=md["name"],
-        namespace=md["namespace"],
-        spec=None,
-        observed=observed,
-        generation=md.get("generation"),
-        error=err,
-        previous=(body.get("status") or {}).get("conditions") or [],
-        now=_now(),
-    )
-    _write_status(api, body, status)
-    metrics.record_status(md["namespace"], md["name"], status, md.get("creationTimestamp"))
-    return status
-
-
-def _apply_all(
-    api: client.ApiClient, body: kopf.Body, cr: HybridPDDeployment, profile: Profile
-) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
-    """Apply the desired set, prune the rest; returns the applied role Deployments and notes for status."""
-    ns, name = cr.metadata.namespace or "", cr.metadata.name
-    notes: list[str] = []
-    desired = build_all(cr, profile)
-    kinds = list(k8s.KINDS)
-    if not k8s.api_available(api, *PODMONITOR):
-        kinds = [k for k in kinds if (k.api_version, k.kind) != PODMONITOR]
-        if any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired):
-            notes.append(
-                "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
-            )
-            desired = [d for d in desired if (d["apiVersion"], d["kind"]) != PODMONITOR]
-    existing = {k8s.key(e): e for e in k8s.list_children(api, ns, instance_selector(name), kinds=kinds)}
-    applied: dict[str, dict[str, Any]] = {}
+        desired = [d for d in desired if (d["apiVersion"], d["kind"]) != PODMONITOR]
     for obj in desired:
-        kopf.append_owner_reference(obj, owner=body)
-        old = existing.get(k8s.key(obj))
-        new = k8s.apply(api, obj)
-        if old is None:
-            action = "created"
-        else:
-            gen_old, gen_new = old["metadata"].get("generation"), new["metadata"].get("generation")
-            changed = (
-                gen_old != gen_new
-                if gen_old is not None
-                else (old["metadata"].get("resourceVersion") != new["metadata"].get("resourceVersion"))
-            )
-            action = "updated" if changed else "unchanged"
-        metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=action).inc()
-        if action != "unchanged":
-            _event(api, body, "Normal", action.capitalize(), f"{action} {obj['kind']} {obj['metadata']['name']}")
-        if obj["kind"] == "Deployment":
-            applied[new["metadata"]["name"]] = new
-    for obj in k8s.stale(existing.values(), desired):
-        k8s.delete(api, obj)
+        kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
+    run.desired = desired
+
+
+class BuildError(Exception):
+    """A builder raised on a spec the schema accepted."""
+
+
+def free_form_fields(cr: HybridPDDeployment) -> list[str]:
+    """The spec fields the CRD preserves as written (podTemplate, affinity, tolerations, env valueFrom)."""
+    out = []
+    for role in contract.ROLES:
+        rs = cr.spec.role(role)
+        for fname, value in (
+            ("podTemplate", rs.pod_template),
+            ("affinity", rs.affinity),
+            ("tolerations", rs.tolerations),
+        ):
+            if value:
+                out.append(f"spec.{role}.{fname}")
+    out += [f"spec.env[{i}].valueFrom" for i, e in enumerate(cr.spec.env) if e.value_from is not None]
+    return out
+
+
+def _kinds(run: Run) -> list[k8s.Kind]:
+    return [k for k in k8s.KINDS if (k.api_version, k.kind) != PODMONITOR or run.podmonitor_served]
+
+
+def claim(run: Run) -> None:
+    """What this CR owns, and the desired names held by anything else (never taken over)."""
+    labelled = {
+        k8s.key(e): e for e in k8s.list_children(run.api, run.namespace, instance_selector(run.name), _kinds(run))
+    }
+    run.ours = {k: e for k, e in labelled.items() if k8s.owned_by(e, run.uid)}
+    run.conflicts = k8s.foreign(run.api, run.desired, labelled, run.uid)
+    if run.conflicts:
+        held = "; ".join(f"{kind} {name} exists and is {who}" for (_, kind, name), who in run.conflicts.items())
+        run.failure = Failure(
+            Reason.OWNERSHIP_CONFLICT,
+            f"{held}: left alone (rename this {contract.KIND} or delete that object); the other children are applied",
+        )
+
+
+def apply_children(run: Run) -> None:
+    """Server-side apply every desired child this CR may own; a refused child is reported, the rest still applied."""
+    refused: list[str] = []
+    for obj in run.desired:
+        k = k8s.key(obj)
+        if k in run.conflicts:
+            continue
+        what = f"{obj['kind']} {obj['metadata']['name']}"
+        try:
+            new = k8s.apply(run.api, obj)
+        except client.ApiException as e:
+            metrics.api_error("apply", e.status)
+            if not k8s.refused(e):
+                raise
+            refused.append(f"{what}: {k8s.api_message(e)}")
+            continue
+        action = _action(run.ours.get(k), new)
+        metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
+        if action is not None:
+            run.actions[action].append(what)
+    if refused:
+        message = "the apiserver refused " + "; ".join(refused)
+        run.failure = run.failure or Failure(Reason.APPLY_FAILED, message)
+        if run.failure.reason != Reason.APPLY_FAILED:
+            run.failure = Failure(run.failure.reason, f"{run.failure.message}; {message}")
+
+
+def _action(old: Manifest | None, new: Manifest) -> Reason | None:
+    if old is None:
+        return Reason.CREATED
+    gen_old, gen_new = old["metadata"].get("generation"), new["metadata"].get("generation")
+    if gen_old is not None:
+        changed = gen_old != gen_new
+    else:
+        changed = old["metadata"].get("resourceVersion") != new["metadata"].get("resourceVersion")
+    return Reason.UPDATED if changed else None
+
+
+def prune(run: Run) -> None:
+    """Delete what this CR owns and no longer wants (only after a clean apply)."""
+    if run.failure is not None:
+        return
+    for obj in k8s.stale(run.ours.values(), run.desired):
+        k8s.delete(run.api, obj)
         metrics.OBJECTS_PRUNED.labels(kind=obj["kind"]).inc()
-        _event(api, body, "Normal", "Pruned", f"deleted {obj['kind']} {obj['metadata']['name']} (no longer desired)")
-    names = {"prefill": role_name(name, "prefill"), "decode": role_name(name, "decode")}
-    names[contract.COMPONENT_ROUTER] = router_name(name)
-    return {comp: applied.get(names[comp]) for comp in COMPONENTS}, notes
+        run.actions[Reason.PRUNED].append(f"{obj['kind']} {obj['metadata']['name']}")
 
 
-_LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-"""One converge at a time per CR uid (the change handler and the resync timer run in kopf's thread pool)."""
+STEPS: tuple[tuple[str, Callable[[Run], None]], ...] = (
+    ("parse", parse),
+    ("build", build),
+    ("claim", claim),
+    ("apply", apply_children),
+    ("prune", prune),
+)
+"""The reconcile of one CR; any step may end it with a Failure (see `run_steps`), then observe + report run."""
 
 
-def converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
-    """Parse once -> profile -> build -> apply + prune -> status. Raises SpecError for an invalid spec (after
-    writing the InvalidSpec status) and ApiException for API failures."""
-    with _LOCKS[str(body["metadata"].get("uid"))], metrics.reconcile():
-        return _converge(api, body, trigger=trigger)
+def run_steps(run: Run) -> None:
+    for name, step in STEPS:
+        try:
+            step(run)
+        except SpecError as err:
+            run.failure = Failure(Reason.INVALID_SPEC, err.message)
+        except client.ApiException as e:
+            if not k8s.refused(e):
+                raise TransientError(f"{name}: {k8s.api_message(e)}") from e
+            run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {k8s.api_message(e)}")
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # no connection: nothing to say about this CR
+            raise TransientError(f"{name}: {e!r}") from e
+        except Exception as e:  # a bug or input no check foresaw: this CR's problem only
+            what = str(e) if isinstance(e, BuildError) else f"{type(e).__name__}: {e}"
+            run.failure = Failure(Reason.RECONCILE_ERROR, f"step {name} failed: {what}")
+        if run.failure is not None and run.failure.reason != Reason.OWNERSHIP_CONFLICT:
+            return
 
 
-def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[str, Any]:
-    try:
-        cfg = settings.current()
-        cr = parse_cr(_cr_object(body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
-        profile = compute_profile(cr.spec)
-    except SpecError as err:
-        _reject(api, body, err, post_event=trigger != "resync")
-        raise
-    md = body["metadata"]
-    try:
-        observed, notes = _apply_all(api, body, cr, profile)
-    except client.ApiException as e:
-        metrics.api_error("apply", e.status)
-        _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
-        raise
-    if trigger == "resync" or any(v is None for v in observed.values()):
-        observed = _observe(api, md["namespace"], md["name"])
+def observe(run: Run) -> None:
+    run.observed = report.observe_deployments(run.api, run.namespace, run.name, run.uid)
+    run.pods = report.observe_pods(run.api, run.namespace, run.name)
+    if run.trigger != "resync":  # a resync round lists the nodes once for every CR
+        run.nodes = report.observe_nodes(run.api)
+
+
+def write_report(run: Run) -> dict[str, Any]:
+    """Status from what runs now, Events for what changed, metrics."""
+    md = run.body["metadata"]
+    # What this process wrote last is at least as new as the body (a resync round lists the CRs before it converges
+    # them, and the change handler may write in between): compare with it, so no transition is reported twice.
+    previous = _REPORTED.get(run.uid) or (run.body.get("status") or {}).get("conditions") or []
     status = compute_status(
-        name=md["name"],
-        namespace=md["namespace"],
-        spec=cr.spec,
-        observed=observed,
+        name=run.name,
+        namespace=run.namespace,
+        spec=run.cr.spec if run.cr is not None and run.profile is not None else None,
+        observed=run.observed,
+        pods=run.pods,
+        nodes=run.nodes,
         generation=md.get("generation"),
-        profile=profile,
-        notes=notes,
-        previous=(body.get("status") or {}).get("conditions") or [],
-        now=_now(),
+        profile=run.profile,
+        failure=run.failure,
+        notes=run.notes,
+        previous=previous,
+        now=report.now(),
     )
-    _write_status(api, body, status)
-    metrics.record_status(md["namespace"], md["name"], status, md.get("creationTimestamp"))
+    report.write_status(run.api, run.body, status)
+    _REPORTED[run.uid] = status["conditions"]
+    for action, whats in run.actions.items():
+        report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
+    for type_, reason, message in transitions(previous, status["conditions"]):
+        report.event(run.api, run.body, type_, reason, message)
+    metrics.record_status(run.namespace, run.name, status, md.get("creationTimestamp"))
     return status
 
 
-def _transient(e: client.ApiException) -> kopf.TemporaryError:
-    return kopf.TemporaryError(f"Kubernetes API error {e.status} {e.reason}; retrying", delay=10)
+_REPORTED: dict[str, list[dict[str, Any]]] = {}
+"""CR uid -> the conditions this process last wrote."""
+_LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+"""One converge at a time per CR uid (the change handler and the resync loop run in different threads)."""
+
+
+def converge(
+    api: client.ApiClient, body: Mapping[str, Any], *, trigger: str, nodes: frozenset[str] | None = None
+) -> dict[str, Any]:
+    """The steps, then observe + report; returns the status written. Raises TransientError (and lets connection
+    errors through) only for failures worth a blind retry; everything else ends in this CR's status."""
+    with _LOCKS[str(body["metadata"].get("uid"))], metrics.reconcile() as outcome:
+        run = Run(api, body, trigger, nodes=nodes)
+        run_steps(run)
+        try:
+            observe(run)
+        except client.ApiException as e:
+            raise TransientError(f"observe: {k8s.api_message(e)}") from e
+        status = write_report(run)
+        outcome.failed(run.failure.reason if run.failure is not None else None)
+        return status
 
 
 @kopf.on.resume(*RESOURCE, id="reconcile")
 @kopf.on.create(*RESOURCE, id="reconcile")
 @kopf.on.update(*RESOURCE, field="spec", id="reconcile")
 def reconcile(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
+    """A failure of this CR is in its status (and one Event); only transient API trouble is retried here (the
+    resync loop retries everything else on its next round)."""
     try:
         converge(memo.api, body, trigger=str(reason))
-    except SpecError as err:
-        raise kopf.PermanentError(err.message) from None
-    except client.ApiException as e:
-        raise _transient(e) from None
-    except Exception as e:  # a bug or an unexpected reply: an Event, then kopf retries with backoff (no crash loop)
-        _event(memo.api, body, "Warning", "ReconcileError", f"{type(e).__name__}: {e}")
-        raise kopf.TemporaryError(f"reconcile failed: {e!r}", delay=30) from e
-
-
-def _list_crs(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-    co = client.CustomObjectsApi(api)
-    if not namespaces:
-        data = cast("dict[str, Any]", co.list_cluster_custom_object(*RESOURCE))
-        return list(data.get("items", []))
-    out: list[dict[str, Any]] = []
-    for ns in namespaces:
-        page = cast(
-            "dict[str, Any]", co.list_namespaced_custom_object(contract.GROUP, contract.VERSION, ns, contract.PLURAL)
-        )
-        out += page.get("items", [])
-    return out
+    except Exception as e:
+        raise kopf.TemporaryError(f"reconcile failed, retrying: {e!r}", delay=10) from e
 
 
 def resync_once(api: client.ApiClient, logger: kopf.Logger) -> None:
-    """Converge every CR in the watched namespaces once (drift correction + fresh status)."""
-    for raw in _list_crs(api, settings.current().namespaces):
+    """Converge every CR in the watched namespaces once (drift correction + fresh status). One CR's failure never
+    stops the round."""
+    crs = report.list_crs(api, settings.current().namespaces)
+    nodes = report.observe_nodes(api) if crs else None
+    for raw in crs:
         if raw.get("metadata", {}).get("deletionTimestamp"):
             continue
-        body = kopf.Body(cast("kopf.RawBody", raw))
         try:
-            converge(api, body, trigger="resync")
-        except SpecError:
-            pass  # status already says InvalidSpec; the Event was posted by reconcile
-        except client.ApiException as e:
-            logger.warning(f"resync {raw['metadata'].get('name')}: API error {e.status} {e.reason}; retry next round")
+            converge(api, raw, trigger="resync", nodes=nodes)
+        except Exception as e:  # transient API trouble, or a failed status write: next round
+            md = raw.get("metadata", {})
+            metrics.api_error("resync", type(e).__name__)
+            logger.warning(f"resync {md.get('namespace')}/{md.get('name')}: {e!r}; retry next round")
 
 
 async def _resync_loop(api: client.ApiClient, logger: kopf.Logger) -> None:
@@ -309,3 +369,4 @@ def forget(meta: kopf.Meta, **_: Any) -> None:
     """No finalizer (optional=True): children go by garbage collection; only our metrics need forgetting."""
     metrics.forget(str(meta.get("namespace")), str(meta.get("name")))
     _LOCKS.pop(str(meta.get("uid")), None)
+    _REPORTED.pop(str(meta.get("uid")), None)

@@ -7,8 +7,9 @@ work unchanged; everything specific to this operator is `hpd_operator_*`. Per-CR
 `hybridpddeployment` (the CR's name; kube-state-metrics names the label after the kind) and `role` (prefill/decode/router, the same values the PodMonitors put on the
 engines' and router's series); the operator's ServiceMonitor therefore sets `honorLabels: true`.
 
-Handlers record at three points only: `reconcile()` around one converge, `record_status()` after a status
-computation, `forget()` when a CR is deleted (plus the API-error and applied/pruned counters beside the calls).
+Handlers record at three points only: `reconcile()` around one converge (told the run's failure reason, if any),
+`record_status()` after a status computation, `forget()` when a CR is deleted (plus the API-error and
+applied/pruned counters beside the calls).
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from hpd_operator.conditions import Phase, Reason
 from hpd_runtime import contract
 
 CONTROLLER = "hybridpddeployment"
 """The `controller` label value (controller-runtime uses the lower-cased kind)."""
-PHASES = ("Pending", "Progressing", "Ready", "Degraded", "Failed")
+PHASES = tuple(str(p) for p in Phase)
+TERMINAL_REASONS = frozenset({Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT})
+"""Failures a retry cannot fix (the user's input; the CR's status names the field or object): counted as errors and
+as terminal errors. Reason.RECONCILE_ERROR (a bug, or input no check foresaw) and exceptions are plain errors."""
 ROLES = (*contract.ROLES, contract.COMPONENT_ROUTER)
 
 # controller-runtime's reconcile histogram buckets (pkg/internal/controller/metrics/metrics.go).
@@ -92,25 +97,34 @@ TIME_TO_READY = Gauge(
 _phase_of: dict[tuple[str, str], str] = {}
 
 
-@contextlib.contextmanager
-def reconcile() -> Iterator[None]:
-    """Time one reconcile and count its result: success, or error (an InvalidSpec is also a terminal error)."""
-    from hpd_operator.errors import SpecError
+class Outcome:
+    """What one reconcile ended in; `failed(reason)` records a failure the run reported in the CR's status."""
 
+    def __init__(self) -> None:
+        self.failure: Reason | None = None
+
+    def failed(self, reason: Reason | None) -> None:
+        self.failure = reason
+
+
+@contextlib.contextmanager
+def reconcile() -> Iterator[Outcome]:
+    """Time one reconcile and count its result: success, or error (an exception, or a failure reported in the
+    status; the user-input ones in TERMINAL_REASONS are also terminal errors)."""
     start = time.monotonic()
     ACTIVE_WORKERS.labels(CONTROLLER).inc()
-    result = "error"
+    outcome, raised = Outcome(), True
     try:
-        yield
-        result = "success"
-    except SpecError:
-        TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER).inc()
-        raise
+        yield outcome
+        raised = False
     finally:
         ACTIVE_WORKERS.labels(CONTROLLER).dec()
-        RECONCILE_TOTAL.labels(CONTROLLER, result).inc()
-        if result == "error":
+        error = raised or outcome.failure is not None
+        RECONCILE_TOTAL.labels(CONTROLLER, "error" if error else "success").inc()
+        if error:
             RECONCILE_ERRORS.labels(CONTROLLER).inc()
+        if not raised and outcome.failure in TERMINAL_REASONS:
+            TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER).inc()
         RECONCILE_TIME.labels(CONTROLLER).observe(time.monotonic() - start)
 
 

@@ -16,11 +16,12 @@ entry serves both vLLM and the runtime. Keep the env order when building the con
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -125,13 +126,17 @@ class _Frozen(BaseModel):
 
 
 class EnvEntry(_Frozen):
-    """One container env entry: a literal `value`, or a downward-API `field_path` (`status.podIP`)."""
+    """One container env entry: a literal `value`, a downward-API `field_path` (`status.podIP`), or the user's own
+    core/v1 EnvVarSource (`value_from`: secretKeyRef, configMapKeyRef, resourceFieldRef, fieldRef) as written."""
 
     name: str
     value: str | None = None
     field_path: str | None = None
+    value_from: dict[str, Any] | None = None
 
     def to_k8s(self) -> dict[str, object]:
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": copy.deepcopy(self.value_from)}
         if self.field_path is not None:
             return {"name": self.name, "valueFrom": {"fieldRef": {"fieldPath": self.field_path}}}
         return {"name": self.name, "value": self.value or ""}
@@ -397,7 +402,7 @@ def _role_profile(
     ]
     for e in spec.env:
         if e.value_from is not None:
-            env.append(EnvEntry(name=e.name, field_path=str(e.value_from.get("fieldRef", {}).get("fieldPath", ""))))
+            env.append(EnvEntry(name=e.name, value_from=dict(e.value_from)))
         else:
             env.append(EnvEntry(name=e.name, value=e.value or ""))
 

@@ -8,18 +8,28 @@ CR is then `Ready=False, reason=ScaledToZero`: nothing can answer on the endpoin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.builders import endpoint_url, selector_string
+from hpd_operator.conditions import (
+    COMPONENT_CONDITION,
+    FAILURE_REASONS,
+    ROLE_PROBLEM_REASONS,
+    ConditionType,
+    Failure,
+    Phase,
+    Reason,
+)
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile
 from hpd_runtime import contract
 
 COMPONENTS: tuple[str, ...] = (*contract.ROLES, contract.COMPONENT_ROUTER)
-_COND_NAME = {"prefill": "PrefillReady", "decode": "DecodeReady", contract.COMPONENT_ROUTER: "RouterReady"}
+MAX_MESSAGE = 4000
+"""Condition messages are cut here (the CRD allows 32768; an apiserver error can quote a whole object)."""
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,8 @@ class RoleState:
     exists: bool
     caught_up: bool
     """The Deployment controller has observed the latest spec and its spec.replicas is what we want."""
-    failure: str | None
-    """Why the rollout is stuck (ProgressDeadlineExceeded, ReplicaFailure), if it is."""
+    problems: tuple[tuple[Reason, str], ...] = ()
+    """Why the role is failing: a stuck rollout, an unschedulable pod (scheduler's reason), a pod on a lost node."""
 
     @property
     def ready_all(self) -> bool:
@@ -44,45 +54,94 @@ class RoleState:
         return not self.ready_all or self.replicas > self.desired
 
 
-def role_state(desired: int, deployment: Mapping[str, Any] | None) -> RoleState:
+def _deployment_problems(st: Mapping[str, Any]) -> list[tuple[Reason, str]]:
+    out: list[tuple[Reason, str]] = []
+    for c in st.get("conditions") or []:
+        stuck = c.get("type") == "Progressing" and c.get("status") == "False"
+        if stuck or (c.get("type") == "ReplicaFailure" and c.get("status") == "True"):
+            out.append((Reason.ROLLOUT_FAILED, f"{c.get('reason')}: {c.get('message', '')}"))
+    return out
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def pod_problems(
+    pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None
+) -> tuple[list[tuple[Reason, str]], int]:
+    """Unschedulable pods (with the scheduler's message) and Ready pods bound to a node that no longer exists
+    (`nodes` = the names of the existing nodes; None = unknown). Returns the problems and how many pods counted
+    Ready by their Deployment are on lost nodes."""
+    out: list[tuple[Reason, str]] = []
+    lost_ready = 0
+    for pod in pods:
+        md, st = pod.get("metadata") or {}, pod.get("status") or {}
+        if md.get("deletionTimestamp"):
+            continue
+        for c in st.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                out.append((Reason.UNSCHEDULABLE, f"pod {md.get('name')}: {c.get('message', 'unschedulable')}"))
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and nodes is not None and node not in nodes:
+            out.append((Reason.NODE_LOST, f"pod {md.get('name')} is bound to node {node}, which no longer exists"))
+            lost_ready += _pod_ready(pod)
+    return out, lost_ready
+
+
+def role_state(
+    desired: int,
+    deployment: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]] = (),
+    nodes: Collection[str] | None = None,
+) -> RoleState:
+    problems, lost_ready = pod_problems(pods, nodes)
     if deployment is None:
-        return RoleState(desired, 0, 0, 0, 0, False, False, None)
+        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
     caught_up = st.get("observedGeneration", 0) >= md.get("generation", 1) and sp.get("replicas", 1) == desired
-    failure = None
-    for c in st.get("conditions") or []:
-        if c.get("type") == "Progressing" and c.get("status") == "False":
-            failure = f"{c.get('reason')}: {c.get('message', '')}"
-        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
-            failure = f"{c.get('reason')}: {c.get('message', '')}"
     return RoleState(
         desired=desired,
         replicas=int(st.get("replicas") or 0),
-        ready=int(st.get("readyReplicas") or 0),
+        ready=max(int(st.get("readyReplicas") or 0) - lost_ready, 0),
         updated=int(st.get("updatedReplicas") or 0),
         available=int(st.get("availableReplicas") or 0),
         exists=True,
         caught_up=caught_up,
-        failure=failure,
+        problems=tuple(_deployment_problems(st) + problems),
     )
 
 
-def _cond(ctype: str, ok: bool | None, reason: str, message: str) -> dict[str, str]:
+def _cond(ctype: ConditionType, ok: bool | None, reason: Reason, message: str) -> dict[str, str]:
     status = "Unknown" if ok is None else ("True" if ok else "False")
-    return {"type": ctype, "status": status, "reason": reason, "message": message}
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    return {"type": str(ctype), "status": status, "reason": str(reason), "message": message}
+
+
+def _problem_text(problems: Sequence[tuple[Reason, str]]) -> str:
+    return "; ".join(f"{r}: {m}" for r, m in problems)
 
 
 def _role_condition(comp: str, s: RoleState) -> dict[str, str]:
-    name = _COND_NAME[comp]
+    name = COMPONENT_CONDITION[comp]
     if not s.exists:
-        return _cond(name, False, "Missing", f"the {comp} Deployment does not exist yet")
+        if s.problems:
+            return _cond(
+                name, False, s.problems[0][0], f"the {comp} Deployment does not exist; {_problem_text(s.problems)}"
+            )
+        return _cond(name, False, Reason.MISSING, f"the {comp} Deployment does not exist yet")
     if s.desired == 0:
-        return _cond(name, True, "ScaledToZero", f"{comp} is scaled to 0 replicas")
+        return _cond(name, True, Reason.SCALED_TO_ZERO, f"{comp} is scaled to 0 replicas")
     if s.ready_all:
-        return _cond(name, True, "AllReplicasReady", f"{s.ready}/{s.desired} {comp} replicas ready")
-    if s.failure:
-        return _cond(name, False, "RolloutFailed", f"{s.ready}/{s.desired} {comp} replicas ready; {s.failure}")
-    return _cond(name, False, "ReplicasNotReady", f"{s.ready}/{s.desired} {comp} replicas ready, {s.updated} updated")
+        extra = f"; {_problem_text(s.problems)}" if s.problems else ""
+        return _cond(name, True, Reason.ALL_REPLICAS_READY, f"{s.ready}/{s.desired} {comp} replicas ready{extra}")
+    if s.problems:
+        msg = f"{s.ready}/{s.desired} {comp} replicas ready; {_problem_text(s.problems)}"
+        return _cond(name, False, s.problems[0][0], msg)
+    msg = f"{s.ready}/{s.desired} {comp} replicas ready, {s.updated} updated"
+    return _cond(name, False, Reason.REPLICAS_NOT_READY, msg)
 
 
 def compute_status(
@@ -94,96 +153,36 @@ def compute_status(
     generation: int | None,
     profile: Profile | None = None,
     error: SpecError | None = None,
+    failure: Failure | None = None,
+    pods: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    nodes: Collection[str] | None = None,
     notes: Sequence[str] = (),
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
-    `observed` maps prefill/decode/router to the live Deployment (None if absent). `spec` is None when the spec
-    cannot be parsed; then `error` says why. `notes` are extra messages (e.g. a PodMonitor skipped). `previous`
-    conditions and `now` keep lastTransitionTime stable across unchanged statuses (the caller owns the clock).
+    `observed` maps prefill/decode/router to the live Deployment (None if absent), `pods` to the live pods of each
+    component, `nodes` is the set of existing node names (None = unknown). `spec` is None when the spec cannot be
+    parsed; then `error` says why. `failure` is why this reconcile could not converge (InvalidSpec, ApplyFailed,
+    OwnershipConflict, ReconcileError); `error` is shorthand for an InvalidSpec failure. `notes` are extra messages
+    (e.g. a PodMonitor skipped). `previous` conditions and `now` keep lastTransitionTime stable across unchanged
+    statuses (the caller owns the clock).
     """
-    desired: dict[str, int] = {}
-    for comp in COMPONENTS:
-        if spec is not None:
-            desired[comp] = spec.router.replicas if comp == contract.COMPONENT_ROUTER else spec.role(comp).replicas  # type: ignore[arg-type]
-        else:
-            dep = observed.get(comp)
-            desired[comp] = int((dep or {}).get("spec", {}).get("replicas") or 0)
-    states = {comp: role_state(desired[comp], observed.get(comp)) for comp in COMPONENTS}
-
+    if failure is None and error is not None:
+        failure = Failure(Reason.INVALID_SPEC, error.message)
+    states = _states(spec, observed, pods or {}, nodes)
     conds = [_role_condition(comp, states[comp]) for comp in COMPONENTS]
-    engines = [states[r] for r in contract.ROLES]
-    warm_on = spec.warmup.enabled if spec is not None else True
-    if not warm_on:
-        conds.append(_cond("WarmedUp", True, "WarmupDisabled", "spec.warmup.enabled is false"))
-    elif all(s.ready_all for s in engines):
-        conds.append(_cond("WarmedUp", True, "AllEnginesWarm", "every engine replica passed its warmup (/readyz)"))
-    else:
-        waiting = sum(max(s.desired - s.ready, 0) for s in engines)
-        conds.append(_cond("WarmedUp", False, "WarmupPending", f"{waiting} engine replica(s) not warm (not Ready) yet"))
-
-    if error is not None:
-        conds.append(_cond("HybridProfileApplied", False, "InvalidSpec", error.message))
-    elif profile is not None:
-        kind = "hybrid Mamba2/attention" if profile.hybrid else "attention-only"
-        conds.append(
-            _cond(
-                "HybridProfileApplied",
-                True,
-                "Hybrid" if profile.hybrid else "AttentionOnly",
-                f"{kind} profile for vLLM {profile.vllm_version} (row {profile.row}): {profile.hybrid_reason}",
-            )
-        )
-    else:
-        conds.append(_cond("HybridProfileApplied", None, "Unknown", "the profile was not computed"))
-
-    failures = [f"{c}: {s.failure}" for c, s in states.items() if s.failure]
-    rolling = [c for c, s in states.items() if s.rolling]
-    degraded = bool(failures)
-    if error is not None:
-        conds.append(_cond("Progressing", False, "InvalidSpec", "the spec is rejected; children are left as they were"))
-    elif rolling:
-        conds.append(_cond("Progressing", True, "RollingOut", "rolling out: " + ", ".join(rolling)))
-    else:
-        conds.append(_cond("Progressing", False, "Stable", "every component matches the spec"))
-    if degraded:
-        conds.append(_cond("Degraded", True, "RolloutFailed", "; ".join(failures)))
-    else:
-        conds.append(_cond("Degraded", False, "AsExpected", "no component is failing"))
-
-    scaled_to_zero = [c for c in COMPONENTS if desired[c] == 0]
-    if error is not None:
-        ready = _cond("Ready", False, "InvalidSpec", error.message)
-        phase = "Failed"
-    elif scaled_to_zero:
-        ready = _cond("Ready", False, "ScaledToZero", "scaled to 0: " + ", ".join(scaled_to_zero) + "; nothing serves")
-        phase = "Degraded" if degraded else ("Progressing" if rolling else "Pending")
-    elif all(s.ready_all for s in states.values()):
-        ready = _cond("Ready", True, "AllComponentsReady", "prefill, decode and router are ready")
-        phase = "Ready"
-    else:
-        not_ready = [
-            f"{_COND_NAME[c]}={'True' if s.ready_all else 'False'}" for c, s in states.items() if not s.ready_all
-        ]
-        ready = _cond("Ready", False, "ComponentsNotReady", "waiting for " + ", ".join(not_ready))
-        phase = "Degraded" if degraded else "Progressing"
+    conds.append(_warmup_condition(spec, states))
+    conds.append(_profile_condition(profile, failure))
+    conds += _progress_conditions(states, failure)
+    ready, phase = _ready_condition(states, failure)
     if notes:
         ready["message"] += "; " + "; ".join(notes)
     conds.insert(0, ready)
+    _stamp(conds, previous, generation, now)
 
-    prev = {c.get("type"): c for c in previous}
-    for c in conds:
-        p = prev.get(c["type"])
-        if p is not None and p.get("status") == c["status"] and p.get("lastTransitionTime"):
-            c["lastTransitionTime"] = p["lastTransitionTime"]
-        elif now is not None:
-            c["lastTransitionTime"] = now
-        if generation is not None:
-            c["observedGeneration"] = generation  # type: ignore[assignment]
-
-    out: dict[str, Any] = {"phase": phase, "conditions": conds}
+    out: dict[str, Any] = {"phase": str(phase), "conditions": conds}
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
@@ -200,4 +199,128 @@ def compute_status(
         out["endpoint"] = endpoint_url(name, namespace, port)
     if profile is not None:
         out["profile"] = profile.status()
+    return out
+
+
+def _states(
+    spec: HybridPDDeploymentSpec | None,
+    observed: Mapping[str, Mapping[str, Any] | None],
+    pods: Mapping[str, Sequence[Mapping[str, Any]]],
+    nodes: Collection[str] | None,
+) -> dict[str, RoleState]:
+    out: dict[str, RoleState] = {}
+    for comp in COMPONENTS:
+        dep = observed.get(comp)
+        if spec is None:
+            desired = int((dep or {}).get("spec", {}).get("replicas") or 0)
+        elif comp == contract.COMPONENT_ROUTER:
+            desired = spec.router.replicas
+        else:
+            desired = spec.role(comp).replicas  # type: ignore[arg-type]
+        out[comp] = role_state(desired, dep, pods.get(comp, ()), nodes)
+    return out
+
+
+def _warmup_condition(spec: HybridPDDeploymentSpec | None, states: Mapping[str, RoleState]) -> dict[str, str]:
+    engines = [states[r] for r in contract.ROLES]
+    if spec is not None and not spec.warmup.enabled:
+        return _cond(ConditionType.WARMED_UP, True, Reason.WARMUP_DISABLED, "spec.warmup.enabled is false")
+    if all(s.ready_all for s in engines):
+        msg = "every engine replica passed its warmup (/readyz)"
+        return _cond(ConditionType.WARMED_UP, True, Reason.ALL_ENGINES_WARM, msg)
+    waiting = sum(max(s.desired - s.ready, 0) for s in engines)
+    msg = f"{waiting} engine replica(s) not warm (not Ready) yet"
+    return _cond(ConditionType.WARMED_UP, False, Reason.WARMUP_PENDING, msg)
+
+
+def _profile_condition(profile: Profile | None, failure: Failure | None) -> dict[str, str]:
+    ctype = ConditionType.HYBRID_PROFILE_APPLIED
+    if failure is not None and failure.reason == Reason.INVALID_SPEC:
+        return _cond(ctype, False, Reason.INVALID_SPEC, failure.message)
+    if profile is None:
+        return _cond(ctype, None, Reason.UNKNOWN, "the profile was not computed")
+    kind = "hybrid Mamba2/attention" if profile.hybrid else "attention-only"
+    return _cond(
+        ctype,
+        True,
+        Reason.HYBRID if profile.hybrid else Reason.ATTENTION_ONLY,
+        f"{kind} profile for vLLM {profile.vllm_version} (row {profile.row}): {profile.hybrid_reason}",
+    )
+
+
+def _progress_conditions(states: Mapping[str, RoleState], failure: Failure | None) -> list[dict[str, str]]:
+    """Progressing and Degraded."""
+    rolling = [c for c, s in states.items() if s.rolling]
+    if failure is not None and failure.reason == Reason.INVALID_SPEC:
+        msg = "the spec is rejected; children are left as they were"
+        progressing = _cond(ConditionType.PROGRESSING, False, Reason.INVALID_SPEC, msg)
+    elif failure is not None:
+        progressing = _cond(ConditionType.PROGRESSING, False, failure.reason, "the last reconcile did not complete")
+    elif rolling:
+        progressing = _cond(ConditionType.PROGRESSING, True, Reason.ROLLING_OUT, "rolling out: " + ", ".join(rolling))
+    else:
+        progressing = _cond(ConditionType.PROGRESSING, False, Reason.STABLE, "every component matches the spec")
+    problems = [(r, f"{c}: {m}") for c, s in states.items() for r, m in s.problems]
+    if failure is not None and failure.reason != Reason.INVALID_SPEC:
+        problems.insert(0, (failure.reason, failure.message))
+    if problems:
+        degraded = _cond(ConditionType.DEGRADED, True, problems[0][0], "; ".join(m for _, m in problems))
+    else:
+        degraded = _cond(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "no component is failing")
+    return [progressing, degraded]
+
+
+def _ready_condition(states: Mapping[str, RoleState], failure: Failure | None) -> tuple[dict[str, str], Phase]:
+    degraded = any(s.problems for s in states.values())
+    rolling = any(s.rolling for s in states.values())
+    scaled_to_zero = [c for c, s in states.items() if s.desired == 0]
+    if failure is not None:
+        return _cond(ConditionType.READY, False, failure.reason, failure.message), Phase.FAILED
+    if scaled_to_zero:
+        msg = "scaled to 0: " + ", ".join(scaled_to_zero) + "; nothing serves"
+        phase = Phase.DEGRADED if degraded else (Phase.PROGRESSING if rolling else Phase.PENDING)
+        return _cond(ConditionType.READY, False, Reason.SCALED_TO_ZERO, msg), phase
+    if all(s.ready_all for s in states.values()):
+        msg = "prefill, decode and router are ready"
+        return _cond(ConditionType.READY, True, Reason.ALL_COMPONENTS_READY, msg), Phase.READY
+    not_ready = [f"{COMPONENT_CONDITION[c]}=False" for c, s in states.items() if not s.ready_all]
+    msg = "waiting for " + ", ".join(not_ready)
+    phase = Phase.DEGRADED if degraded else Phase.PROGRESSING
+    return _cond(ConditionType.READY, False, Reason.COMPONENTS_NOT_READY, msg), phase
+
+
+def _stamp(
+    conds: list[dict[str, Any]], previous: Sequence[Mapping[str, Any]], generation: int | None, now: str | None
+) -> None:
+    """Keep lastTransitionTime while a condition's status is unchanged; observedGeneration on every condition."""
+    prev = {c.get("type"): c for c in previous}
+    for c in conds:
+        p = prev.get(c["type"])
+        if p is not None and p.get("status") == c["status"] and p.get("lastTransitionTime"):
+            c["lastTransitionTime"] = p["lastTransitionTime"]
+        elif now is not None:
+            c["lastTransitionTime"] = now
+        if generation is not None:
+            c["observedGeneration"] = generation
+
+
+def transitions(
+    previous: Sequence[Mapping[str, Any]], current: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """The Events a status change deserves (type, reason, message): Ready turning True, a new failure (reason or
+    message changed), Degraded turning True or changing its reason. Nothing when nothing changed (pure)."""
+    prev = {c.get("type"): c for c in previous}
+    cur = {c.get("type"): c for c in current}
+    out: list[tuple[str, str, str]] = []
+    ready, was = cur.get(ConditionType.READY) or {}, prev.get(ConditionType.READY) or {}
+    if ready.get("reason") in FAILURE_REASONS:
+        if (was.get("reason"), was.get("message")) != (ready.get("reason"), ready.get("message")):
+            out.append(("Warning", str(ready["reason"]), str(ready.get("message", ""))))
+        return out
+    if ready.get("status") == "True" and was.get("status") != "True":
+        out.append(("Normal", str(ready["reason"]), str(ready.get("message", ""))))
+    deg, was_deg = cur.get(ConditionType.DEGRADED) or {}, prev.get(ConditionType.DEGRADED) or {}
+    new_problem = (was_deg.get("status"), was_deg.get("reason")) != ("True", deg.get("reason"))
+    if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS and new_problem:
+        out.append(("Warning", str(deg["reason"]), str(deg.get("message", ""))))
     return out

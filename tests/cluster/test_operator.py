@@ -6,203 +6,45 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from hpd_devcluster.testing import wait_for
 from hpd_operator.render import render
 from hpd_runtime import contract
 
+from .conftest import Operator
+from .kube import (
+    EXPECTED,
+    RESYNC,
+    G,
+    P,
+    T,
+    V,
+    arg,
+    children,
+    cond,
+    container_of,
+    create,
+    deployment,
+    env_of,
+    events,
+    expected,
+    get_cr,
+    hold,
+    kubectl,
+    patch_spec,
+    seed,
+    wait_cr,
+    wait_ready,
+)
+
 pytestmark = pytest.mark.cluster
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "hybridpddeployments.hybridpd.io.yaml"
-SEED = REPO / "examples" / "nemotron-3-nano.yaml"
-G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
-RESYNC = "1.5"
-T = 45  # seconds: the deadline of one wait
-
-
-def kubectl_bin() -> str:
-    from hpd_devcluster.build import binaries
-
-    return str(binaries().kubectl)
-
-
-def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [kubectl_bin(), *args],
-        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-        capture_output=True,
-        text=True,
-        check=check,
-        timeout=60,
-    )
-
-
-@pytest.fixture(scope="session")
-def crd(kubeconfig: Path) -> None:
-    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=30s", "crd/hybridpddeployments.hybridpd.io")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Operator:
-    """`python -m hpd_operator run --namespace NS` as a subprocess; start/stop/kill at will."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
-        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.metrics_port = 0
-
-    def start(self) -> None:
-        self.metrics_port = free_port()
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        with self.log.open("ab") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hpd_operator", "run", "--namespace", self.namespace, "--liveness-port", "0",
-                 "--metrics-port", str(self.metrics_port), "--resync-seconds", RESYNC],
-                env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-            )  # fmt: skip
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-
-@pytest.fixture()
-def operator(
-    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Operator]:
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed:
-        print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()  # type: ignore[attr-defined]
-    if rep.when == "call":
-        item.rep_call = rep  # type: ignore[attr-defined]
-
-
-# --- helpers -------------------------------------------------------------------------------------------------
-def seed(name: str = "nemotron-3-nano") -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(SEED.read_text())
-    doc["metadata"]["name"] = name
-    return doc
-
-
-def create(api: client.ApiClient, ns: str, doc: dict[str, Any]) -> None:
-    client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, ns, P, doc)
-
-
-def get_cr(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    out: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(G, V, ns, P, name)
-    return out
-
-
-def patch_spec(api: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> None:
-    client.CustomObjectsApi(api).patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
-
-
-def cond(cr: dict[str, Any], ctype: str) -> dict[str, Any]:
-    for c in (cr.get("status") or {}).get("conditions") or []:
-        if c["type"] == ctype:
-            return dict(c)
-    return {}
-
-
-def deployment(api: client.ApiClient, ns: str, name: str) -> client.V1Deployment:
-    return client.AppsV1Api(api).read_namespaced_deployment(name, ns)
-
-
-def container_of(dep: client.V1Deployment) -> client.V1Container:
-    return dep.spec.template.spec.containers[0]
-
-
-def env_of(c: client.V1Container) -> dict[str, Any]:
-    return {e.name: (e.value if e.value_from is None else e.value_from) for e in c.env}
-
-
-def arg(args: list[str], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
-
-
-def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
-    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-    core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
-    pol = client.PolicyV1Api(api)
-    listers: dict[str, Callable[..., Any]] = {
-        "Deployment": apps.list_namespaced_deployment,
-        "Service": core.list_namespaced_service,
-        "ServiceAccount": core.list_namespaced_service_account,
-        "Role": rbac.list_namespaced_role,
-        "RoleBinding": rbac.list_namespaced_role_binding,
-        "PodDisruptionBudget": pol.list_namespaced_pod_disruption_budget,
-    }
-    return {k: sorted(o.metadata.name for o in f(ns, label_selector=sel).items) for k, f in listers.items()}
-
-
-EXPECTED = {
-    "Deployment": ["{n}-decode", "{n}-prefill", "{n}-router"],
-    "Service": ["{n}", "{n}-decode", "{n}-prefill"],
-    "ServiceAccount": ["{n}-router"],
-    "Role": ["{n}-router"],
-    "RoleBinding": ["{n}-router"],
-    "PodDisruptionBudget": [],
-}
-
-
-def expected(name: str, **extra: list[str]) -> dict[str, list[str]]:
-    out = {k: sorted(x.format(n=name) for x in v) for k, v in EXPECTED.items()}
-    for k, v in extra.items():
-        out[k] = sorted(x.format(n=name) for x in v)
-    return out
-
-
-def wait_cr(
-    api: client.ApiClient, ns: str, name: str, pred: Callable[[dict[str, Any]], bool], what: str, *, timeout: float = T
-) -> dict[str, Any]:
-    """Poll the CR until `pred(cr)`; returns that CR."""
-
-    def check() -> dict[str, Any] | None:
-        cr = get_cr(api, ns, name)
-        return cr if pred(cr) else None
-
-    return wait_for(check, timeout, what=what)
-
-
-def wait_ready(api: client.ApiClient, ns: str, name: str, want: str = "True", timeout: float = T) -> dict[str, Any]:
-    return wait_cr(
-        api, ns, name, lambda c: cond(c, "Ready").get("status") == want, f"{name} Ready={want}", timeout=timeout
-    )
 
 
 # --- tests ---------------------------------------------------------------------------------------------------
@@ -304,8 +146,11 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert_subset(m, json.loads(live), f"{kind}/{mname}")
 
     # Events and operator metrics
-    events = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-    assert any(e.reason == "Created" and "Deployment" in e.message for e in events.items)
+    wait_for(
+        lambda: any(e.reason == "Created" and "Deployment" in e.message for e in events(api_client, ns, name)),
+        T,
+        what="Created Event",
+    )
     text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
     assert (
         "controller_runtime_reconcile_total" in text and 'hpd_operator_hybridpddeployments{phase="Ready"} 1.0' in text
@@ -337,7 +182,11 @@ def test_ready_only_when_every_role_is_ready(operator: Operator, api_client: cli
     assert cond(cr, "Ready")["status"] == "False"
     assert cond(cr, "DecodeReady")["status"] == "False"
     assert cr["status"]["decode"]["summary"] == "0/1"
-    assert cr["status"]["phase"] == "Progressing"
+    # the scheduler's verdict on the decode pod is the status: Degraded, reason Unschedulable, its message
+    cr = wait_cr(api_client, ns, name, lambda c: cond(c, "Degraded").get("reason") == "Unschedulable", "Degraded")
+    assert cond(cr, "Degraded")["status"] == "True" and cr["status"]["phase"] == "Degraded"
+    assert "node affinity/selector" in cond(cr, "DecodeReady")["message"]
+    assert cond(cr, "DecodeReady")["reason"] == "Unschedulable"
     patch_spec(api_client, ns, name, {"decode": {"nodeSelector": None}})
     wait_ready(api_client, ns, name)
 
@@ -392,9 +241,9 @@ def test_update_in_place_prune_and_kubectl_scale(
     assert cr["spec"]["decode"]["replicas"] == 3
     kubectl(kubeconfig, "-n", ns, "scale", f"hpd/{name}", "--replicas=1")
     wait_for(lambda: children(api_client, ns, name) == expected(name), T, what="PDB pruned")
-    events = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-    assert any(e.reason == "Pruned" for e in events.items)
-    assert any(e.reason == "Updated" for e in events.items)
+    # the Event is posted after the delete: wait for it too
+    wait_for(lambda: any(e.reason == "Pruned" for e in events(api_client, ns, name)), T, what="Pruned Event")
+    assert any(e.reason == "Updated" for e in events(api_client, ns, name))
 
 
 def test_edited_or_deleted_child_is_corrected(operator: Operator, api_client: client.ApiClient, namespace: str) -> None:
@@ -438,7 +287,7 @@ def test_invalid_spec_is_rejected_with_a_condition_and_an_event_and_touches_noth
         return any(e.type == "Warning" and e.reason == "InvalidSpec" and "tensorParallelSize" in e.message for e in evs)
 
     wait_for(event, T, what="InvalidSpec Event")
-    assert children(api_client, ns, "bad") == {k: [] for k in EXPECTED}
+    hold(lambda: children(api_client, ns, "bad") == {k: [] for k in EXPECTED}, 2 * float(RESYNC), "nothing applied")
 
     # a valid CR updated to an invalid spec: the old children stay exactly as they were
     create(api_client, ns, seed("good"))
@@ -454,12 +303,21 @@ def test_invalid_spec_is_rejected_with_a_condition_and_an_event_and_touches_noth
         "observed",
     )
     assert cond(cr, "HybridProfileApplied")["reason"] == "InvalidSpec"
-    for r in contract.ROLES:
-        after = deployment(api_client, ns, f"good-{r}")
-        assert after.metadata.uid == before[r].metadata.uid
-        assert after.metadata.generation == before[r].metadata.generation
-        assert arg(list(container_of(after).args), "--tensor-parallel-size") == "2"
-    assert children(api_client, ns, "good") == expected("good")
+
+    def untouched() -> bool:
+        for r in contract.ROLES:
+            after = deployment(api_client, ns, f"good-{r}")
+            assert after.metadata.uid == before[r].metadata.uid
+            assert after.metadata.generation == before[r].metadata.generation
+            assert arg(list(container_of(after).args), "--tensor-parallel-size") == "2"
+        return children(api_client, ns, "good") == expected("good") and not any(
+            children(api_client, ns, "bad").values()
+        )
+
+    hold(untouched, 4 * float(RESYNC), "children of an invalid spec untouched")
+    # one InvalidSpec Event per transition, not one per resync round
+    warnings = [e for e in events(api_client, ns, "good") if e.reason == "InvalidSpec"]
+    assert len(warnings) == 1 and warnings[0].count == 1
 
 
 def test_deleting_the_cr_garbage_collects_children_even_with_the_operator_stopped(

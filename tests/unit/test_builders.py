@@ -63,6 +63,8 @@ def test_seed_builds_the_full_child_set() -> None:
             ("RoleBinding", f"{n}-router"),
             ("Service", n),
             ("Deployment", f"{n}-router"),
+            ("NetworkPolicy", f"{n}-engines"),
+            ("NetworkPolicy", f"{n}-router"),
         ]
     )
     for o in objs:
@@ -102,7 +104,9 @@ def test_engine_pod_contract() -> None:
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
     vols = {v["name"]: v for v in pod["volumes"]}
-    assert vols["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    assert vols["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+    assert pod["automountServiceAccountToken"] is False
+    assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi"}
     assert vols["cache"] == {"name": "cache", "emptyDir": {}}
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert dep["spec"]["selector"]["matchLabels"] == {
@@ -138,6 +142,7 @@ def test_pvc_model_hf_token_pvc_cache_and_user_pod_settings() -> None:
     assert c["args"][1] == "/models/nano"
     assert pod["nodeSelector"] == {"pool": "gpu"} and pod["tolerations"][0]["key"] == "gpu"
     assert c["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 2}
+    assert c["resources"]["requests"] == {"cpu": "4"}  # a memory limit implies its request: no default on top
     assert pod["priorityClassName"] == "high" and c["imagePullPolicy"] == "Always"
     assert c["args"] and c["env"]  # merge by name kept our container
     md = dep["spec"]["template"]["metadata"]
@@ -212,3 +217,72 @@ def test_builders_are_pure() -> None:
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for m in mods:
                     assert m.split(".")[0] not in {"kopf", "kubernetes", "os", "time", "datetime"}, (path, m)
+
+
+def test_user_env_value_from_is_passed_through_as_written() -> None:
+    doc = seed_doc()
+    sources = {
+        "S": {"secretKeyRef": {"name": "creds", "key": "token", "optional": True}},
+        "C": {"configMapKeyRef": {"name": "cfg", "key": "k"}},
+        "R": {"resourceFieldRef": {"containerName": "vllm", "resource": "limits.memory", "divisor": "1Mi"}},
+        "F": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+    doc["spec"]["env"] = [{"name": k, "valueFrom": v} for k, v in sources.items()] + [
+        {"name": "E", "value": "\U0001f680"}
+    ]
+    e = env(container(by(build(doc), "Deployment", "nemotron-3-nano-decode")))
+    assert {k: e[k] for k in sources} == sources
+    assert e["E"] == "\U0001f680"
+
+
+def test_every_generated_pod_is_pss_restricted_and_engines_get_no_token() -> None:
+    objs = build(seed_doc())
+    for d in (o for o in objs if o["kind"] == "Deployment"):
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert all(set(v) - {"name"} <= {"emptyDir", "persistentVolumeClaim"} for v in pod.get("volumes", []))
+        assert "hostNetwork" not in pod and "hostPID" not in pod
+        is_router = d["metadata"]["name"].endswith("-router")
+        assert pod["automountServiceAccountToken"] is is_router
+
+
+def test_network_policies_admit_only_router_peers_and_prometheus() -> None:
+    n = "nemotron-3-nano"
+    objs = build(seed_doc())
+    eng = by(objs, "NetworkPolicy", f"{n}-engines")["spec"]
+    assert eng["podSelector"]["matchLabels"] == {contract.LABEL_INSTANCE: n}
+    assert eng["podSelector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]
+    assert eng["policyTypes"] == ["Ingress"]
+    router_rule, peer_rule, prom_rule = eng["ingress"]
+    assert router_rule["from"] == [
+        {"podSelector": {"matchLabels": {contract.LABEL_INSTANCE: n, contract.LABEL_COMPONENT: "router"}}}
+    ]
+    assert router_rule["ports"] == [{"protocol": "TCP", "port": "http"}]
+    assert peer_rule == {"from": [{"podSelector": eng["podSelector"]}]} and "ports" not in peer_rule  # UCX: any port
+    assert prom_rule["from"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    ]
+    assert [p["port"] for p in prom_rule["ports"]] == ["http", "runtime"]
+    rt = by(objs, "NetworkPolicy", f"{n}-router")["spec"]
+    assert rt["ingress"][0] == {"ports": [{"protocol": "TCP", "port": "http"}]}
+    assert rt["ingress"][1]["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+
+    doc = seed_doc()
+    doc["spec"]["networkPolicy"] = {
+        "restrictEgress": True,
+        "prometheus": {"namespaceSelector": {"matchLabels": {"team": "mon"}}, "podSelector": {}},
+    }
+    eng = by(build(doc), "NetworkPolicy", f"{n}-engines")["spec"]
+    assert eng["policyTypes"] == ["Ingress", "Egress"]
+    dns, peers, https = eng["egress"]
+    assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
+    assert peers == {"to": [{"podSelector": eng["podSelector"]}]}
+    assert https == {"ports": [{"protocol": "TCP", "port": 443}]}
+    assert eng["ingress"][2]["from"] == [{"namespaceSelector": {"matchLabels": {"team": "mon"}}, "podSelector": {}}]
+
+    doc["spec"]["networkPolicy"] = {"enabled": False}
+    assert not [o for o in build(doc) if o["kind"] == "NetworkPolicy"]

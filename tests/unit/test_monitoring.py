@@ -145,7 +145,7 @@ def _sample(name: str, **labels: str) -> float:
 def test_reconcile_counts_success_errors_and_invalid_specs_like_controller_runtime() -> None:
     import pytest
 
-    from hpd_operator.errors import SpecError
+    from hpd_operator.conditions import Reason
 
     def snapshot() -> tuple[float, ...]:
         return (
@@ -157,12 +157,14 @@ def test_reconcile_counts_success_errors_and_invalid_specs_like_controller_runti
         )
 
     before = snapshot()
-    with metrics.reconcile():
-        pass
-    with pytest.raises(SpecError), metrics.reconcile():
-        raise SpecError.one("spec.decode.replicas", "min", "must be >= 0")
+    with metrics.reconcile() as ok:
+        ok.failed(None)
+    with metrics.reconcile() as invalid:  # the user's input: an error and a terminal error
+        invalid.failed(Reason.INVALID_SPEC)
+    with metrics.reconcile() as bug:  # reported in the status, but a retry may help: not terminal
+        bug.failed(Reason.RECONCILE_ERROR)
     with pytest.raises(RuntimeError), metrics.reconcile():
         raise RuntimeError("apiserver gone")
     after = snapshot()
-    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 2, 2, 1, 3)
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 3, 3, 1, 4)
     assert _sample("controller_runtime_active_workers") == 0

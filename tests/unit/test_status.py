@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
-from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.api.models import CONDITION_TYPES, HybridPDDeploymentSpec, HybridPDDeploymentStatus
+from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
-from hpd_operator.status import compute_status
+from hpd_operator.status import MAX_MESSAGE, compute_status, transitions
 
 SEED = Path(__file__).resolve().parents[2] / "examples" / "nemotron-3-nano.yaml"
 
@@ -133,3 +134,103 @@ def test_transition_times_survive_unchanged_conditions() -> None:
 def test_notes_are_shown_in_the_ready_message() -> None:
     st = status(spec(), ALL_READY, notes=["PodMonitors skipped"])
     assert "PodMonitors skipped" in conds(st)["Ready"]["message"]
+
+
+# --- node loss, scheduler verdicts, reconcile failures ---------------------------------------------------------
+def pod(name: str, node: str | None = None, ready: bool = True, unschedulable: str | None = None) -> dict[str, Any]:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable is not None:
+        conditions.append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
+        )
+    return {
+        "metadata": {"name": name},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"conditions": conditions},
+    }
+
+
+def test_unschedulable_pod_makes_the_role_degraded_with_the_schedulers_reason() -> None:
+    why = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    pods = {"decode": [pod("d-1", ready=False, unschedulable=why)]}
+    st = status(spec(), {**ALL_READY, "decode": dep(1, 0)}, pods=pods)
+    c = conds(st)
+    assert c["DecodeReady"]["status"] == "False" and c["DecodeReady"]["reason"] == "Unschedulable"
+    assert why in c["DecodeReady"]["message"] and "d-1" in c["DecodeReady"]["message"]
+    assert c["Degraded"]["status"] == "True" and c["Degraded"]["reason"] == "Unschedulable"
+    assert why in c["Degraded"]["message"]
+    assert st["phase"] == "Degraded" and c["Ready"]["status"] == "False"
+
+
+def test_ready_pod_on_a_lost_node_is_not_counted_ready() -> None:
+    pods = {"decode": [pod("d-1", node="gone-node")], "prefill": [pod("p-1", node="n1")]}
+    st = status(spec(), ALL_READY, pods=pods, nodes={"n1", "n2"})
+    c = conds(st)
+    assert st["decode"]["summary"] == "0/1" and c["Ready"]["status"] == "False"
+    assert c["DecodeReady"]["reason"] == "NodeLost" and "gone-node" in c["DecodeReady"]["message"]
+    assert c["Degraded"]["reason"] == "NodeLost" and c["PrefillReady"]["status"] == "True"
+    # nodes unknown (no permission to list them): the Deployment's count stands
+    assert conds(status(spec(), ALL_READY, pods=pods, nodes=None))["Ready"]["status"] == "True"
+
+
+def test_apply_failure_reports_the_child_and_the_current_generation() -> None:
+    msg = 'the apiserver refused Service 1a-prefill: 422 Unprocessable Entity: metadata.name: Invalid value: "1a"'
+    st = status(spec(), ALL_READY, failure=Failure(Reason.APPLY_FAILED, msg), profile=compute_profile(spec()))
+    c = conds(st)
+    assert c["Ready"] == {**c["Ready"], "status": "False", "reason": "ApplyFailed", "message": msg}
+    assert c["Degraded"]["status"] == "True" and c["Degraded"]["reason"] == "ApplyFailed"
+    assert c["Progressing"]["status"] == "False" and st["phase"] == "Failed"
+    assert st["observedGeneration"] == 3 and c["Ready"]["observedGeneration"] == 3
+    assert c["HybridProfileApplied"]["status"] == "True"
+
+
+def test_messages_are_capped() -> None:
+    st = status(spec(), ALL_READY, failure=Failure(Reason.RECONCILE_ERROR, "x" * 100_000))
+    assert len(conds(st)["Ready"]["message"]) <= MAX_MESSAGE
+
+
+def _every_status() -> list[dict[str, Any]]:
+    s, err = spec(), SpecError.one("spec.x", "r", "bad")
+    stuck = dep(1, 0, conditions=[{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}])
+    unsched = {"decode": [pod("d", ready=False, unschedulable="no GPU")]}
+    out = [
+        status(s, ALL_READY, profile=compute_profile(s)),
+        status(s, {**ALL_READY, "decode": dep(1, 0)}, pods=unsched),
+        status(s, {**ALL_READY, "prefill": stuck, "router": None}),
+        status(s, ALL_READY, pods={"decode": [pod("d", node="x")]}, nodes=set()),
+        status(spec(decode={"replicas": 0, "tensorParallelSize": 2}), {**ALL_READY, "decode": dep(0, 0)}),
+        status(spec(warmup={"enabled": False}), ALL_READY, notes=["n"]),
+        compute_status(name="x", namespace="ns", spec=None, observed={}, generation=None, error=err),
+    ]
+    out += [status(s, ALL_READY, failure=Failure(r, "m")) for r in FAILURE_REASONS]
+    return out
+
+
+def test_every_status_validates_against_the_status_model_and_uses_the_vocabulary() -> None:
+    assert {str(t) for t in ConditionType} == set(CONDITION_TYPES)
+    phases = HybridPDDeploymentStatus.model_fields["phase"].annotation
+    assert {str(p) for p in Phase} == set(get_args(get_args(phases)[0]))
+    reasons = {str(r) for r in Reason}
+    for st in _every_status():
+        HybridPDDeploymentStatus.model_validate(st)
+        assert st["phase"] in {str(p) for p in Phase}
+        for c in st["conditions"]:
+            assert c["type"] in CONDITION_TYPES and c["reason"] in reasons, c
+        assert [c["type"] for c in st["conditions"]].count("Ready") == 1
+
+
+def test_events_only_on_transitions() -> None:
+    s = spec()
+    ready = status(s, ALL_READY)["conditions"]
+    pending = status(s, {**ALL_READY, "decode": dep(1, 0)})["conditions"]
+    failed = status(s, ALL_READY, failure=Failure(Reason.APPLY_FAILED, "refused"))["conditions"]
+    other = status(s, ALL_READY, failure=Failure(Reason.APPLY_FAILED, "refused again"))["conditions"]
+    unsched = status(s, {**ALL_READY, "decode": dep(1, 0)}, pods={"decode": [pod("d", False, unschedulable="no")]})
+    assert transitions([], pending) == []
+    assert transitions(pending, ready) == [("Normal", "AllComponentsReady", "prefill, decode and router are ready")]
+    assert transitions(ready, ready) == [] and transitions(failed, failed) == []
+    assert transitions(ready, failed) == [("Warning", "ApplyFailed", "refused")]
+    assert transitions(failed, other) == [("Warning", "ApplyFailed", "refused again")]
+    [(t, r, m)] = transitions(ready, unsched["conditions"])
+    assert (t, r) == ("Warning", "Unschedulable") and "no" in m
+    assert transitions(unsched["conditions"], unsched["conditions"]) == []

@@ -293,6 +293,33 @@ class MonitoringSpec(_Model):
     """Extra labels on the PodMonitors, e.g. `release: kube-prometheus-stack` (its Prometheus selects on it)."""
 
 
+class PrometheusPeerSpec(_Model):
+    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer)."""
+
+    namespace_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
+        default_factory=dict, json_schema_extra={"default": {}}
+    )
+    """Namespaces of the scrapers; {} = every namespace."""
+    pod_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
+        default_factory=lambda: {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        json_schema_extra={"default": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+    )
+    """Scraper pods; default: the Prometheus pods of the Prometheus Operator (`app.kubernetes.io/name: prometheus`)."""
+
+
+class NetworkPolicySpec(_Model):
+    """A NetworkPolicy per CR: engines accept the router on the API port, each other on any port (API, NIXL side
+    channel, UCX's ephemeral ports) and Prometheus on the metrics ports; the router accepts clients on its port and
+    Prometheus on its metrics port. Enforced only where the cluster's network plugin implements NetworkPolicy."""
+
+    enabled: bool = True
+    """Generate the NetworkPolicies (vLLM's API and NIXL's side channel have no authentication)."""
+    prometheus: PrometheusPeerSpec = _sub(PrometheusPeerSpec)
+    restrict_egress: bool = False
+    """Also restrict the engines' egress to DNS, the other engines of this CR and HTTPS (model downloads; a
+    NetworkPolicy cannot name a host). Off by default: model sources on other ports or proxies would break."""
+
+
 class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=253)
     value: str | None = None
@@ -357,6 +384,7 @@ class HybridPDDeploymentSpec(_Model):
     warmup: WarmupSpec = _sub(WarmupSpec)
     cache: CacheSpec = _sub(CacheSpec)
     monitoring: MonitoringSpec = _sub(MonitoringSpec)
+    network_policy: NetworkPolicySpec = _sub(NetworkPolicySpec)
 
     def role(self, role: contract.Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode

@@ -18,6 +18,7 @@ from hpd_operator.builders.common import (
 )
 from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service, role_name
 from hpd_operator.builders.monitoring import build_pod_monitors
+from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import (
     build_router_deployment,
     build_router_rbac,
@@ -57,6 +58,7 @@ def build_all(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
     out.append(build_router_service(cr))
     out.append(build_router_deployment(cr))
     out += build_pod_monitors(cr)
+    out += build_network_policies(cr)
     return out
 
 

@@ -21,6 +21,15 @@ MODEL_LOAD_ALLOWANCE_SECONDS = 1800
 """Weights download/load + torch.compile + CUDA graphs before the warmup starts (a 30B FP8 model from HF, cold)."""
 STARTUP_PERIOD_SECONDS = 10
 
+DEFAULT_REQUESTS: dict[str, str] = {"cpu": "4", "memory": "32Gi"}
+"""CPU/memory requests of an engine pod unless spec.<role>.resources.requests names them: the API server, the
+tokenizer and the NIXL/UCX threads need a few cores, and a model's host-side copy while loading needs memory; with
+no request the scheduler would pack engines onto a node whose CPU or memory is already taken. No default limits:
+a memory limit OOM-kills a loading model, a CPU limit throttles the API server."""
+SHM_SIZE_LIMIT = "16Gi"
+"""/dev/shm (memory-backed emptyDir) cap: NCCL's shared-memory transport between TP ranks and PyTorch's IPC need a
+few GiB; unbounded, a runaway writer could fill the node's memory. Override the `dshm` volume in podTemplate."""
+
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "cache"
 MODEL_VOLUME = "model"
@@ -41,10 +50,10 @@ def _resources(res: ResourceRequirements | None, tp: int) -> dict[str, Any]:
     limits.setdefault(GPU_RESOURCE, tp)
     if GPU_RESOURCE in requests:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE]
-    out: dict[str, Any] = {"limits": limits}
-    if requests:
-        out["requests"] = requests
-    return out
+    for k, v in DEFAULT_REQUESTS.items():
+        if k not in limits:  # a limit alone implies the same request; never request more than the limit
+            requests.setdefault(k, v)
+    return {"limits": limits, "requests": requests}
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -84,7 +93,8 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         cache = {"name": CACHE_VOLUME, "emptyDir": {}}
         if spec.cache.size_limit is not None:
             cache["emptyDir"]["sizeLimit"] = spec.cache.size_limit
-    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, cache]
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}
+    volumes: list[dict[str, Any]] = [shm, cache]
     if src is not None and src.pvc is not None:
         volumes.append(
             {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}}
@@ -119,6 +129,8 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         },
     }
     pod_spec: dict[str, Any] = {
+        # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
+        "automountServiceAccountToken": False,
         "containers": [container],
         "volumes": volumes,
         "securityContext": {

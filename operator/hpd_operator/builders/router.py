@@ -107,6 +107,8 @@ def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
                 "metadata": {"labels": labels(name, comp)},
                 "spec": {
                     "serviceAccountName": router_name(name),
+                    # the router's Kubernetes discovery watches pods with this token (engines get none)
+                    "automountServiceAccountToken": True,
                     "containers": [container],
                     "securityContext": {
                         "runAsNonRoot": True,

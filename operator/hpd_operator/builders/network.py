@@ -1,0 +1,92 @@
+"""NetworkPolicies per CR (spec.networkPolicy), pure.
+
+Engines (`<cr>-engines`): ingress from the router pods on the vLLM API port, from the engines of the same CR on
+any port (the API for the pair check, the NIXL side channel, and UCX, which listens on ephemeral ports over TCP;
+RDMA traffic bypasses NetworkPolicy anyway), and from Prometheus on the API (vLLM serves /metrics there) and
+runtime ports. With restrictEgress: egress only to DNS, the same CR's engines and HTTPS.
+Router (`<cr>-router`): ingress from anyone on the endpoint port (it is the endpoint), from Prometheus on its
+metrics port; egress open (it watches pods through the apiserver, which no pod selector can name).
+Kubelet probes come from the node, which the common network plugins always admit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.builders.common import Manifest, instance_label, metadata, selector_labels, short_name
+from hpd_runtime import contract
+
+NETWORK_POLICY_API = "networking.k8s.io/v1"
+DNS_PORT = 53
+HTTPS_PORT = 443
+
+
+def engines_selector(cr_name: str) -> dict[str, Any]:
+    return {
+        "matchLabels": {contract.LABEL_INSTANCE: instance_label(cr_name)},
+        "matchExpressions": [{"key": contract.LABEL_COMPONENT, "operator": "In", "values": list(contract.ROLES)}],
+    }
+
+
+def _prometheus_peer(cr: HybridPDDeployment) -> dict[str, Any]:
+    p = cr.spec.network_policy.prometheus
+    return {"namespaceSelector": dict(p.namespace_selector), "podSelector": dict(p.pod_selector)}
+
+
+def _tcp(*ports: int | str) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": p} for p in ports]
+
+
+def build_engines_network_policy(cr: HybridPDDeployment) -> Manifest:
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    engines = {"podSelector": engines_selector(name)}
+    spec: dict[str, Any] = {
+        "podSelector": engines_selector(name),
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [{"podSelector": {"matchLabels": selector_labels(name, contract.COMPONENT_ROUTER)}}],
+                "ports": _tcp(contract.PORT_NAME_HTTP),
+            },
+            {"from": [engines]},
+            {"from": [_prometheus_peer(cr)], "ports": _tcp(contract.PORT_NAME_HTTP, contract.PORT_NAME_RUNTIME)},
+        ],
+    }
+    if cr.spec.network_policy.restrict_egress:
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = [
+            {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+            {"to": [engines]},
+            {"ports": _tcp(HTTPS_PORT)},
+        ]
+    return {
+        "apiVersion": NETWORK_POLICY_API,
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, ns, short_name(name, "engines"), "engines"),
+        "spec": spec,
+    }
+
+
+def build_router_network_policy(cr: HybridPDDeployment) -> Manifest:
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    comp = contract.COMPONENT_ROUTER
+    return {
+        "apiVersion": NETWORK_POLICY_API,
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, ns, short_name(name, comp), comp),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(name, comp)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": _tcp(contract.PORT_NAME_HTTP)},
+                {"from": [_prometheus_peer(cr)], "ports": _tcp(contract.PORT_NAME_ROUTER_METRICS)},
+            ],
+        },
+    }
+
+
+def build_network_policies(cr: HybridPDDeployment) -> list[Manifest]:
+    if not cr.spec.network_policy.enabled:
+        return []
+    return [build_engines_network_policy(cr), build_router_network_policy(cr)]

@@ -1,0 +1,95 @@
+"""The one typed vocabulary of the CR's status: condition types, reasons and phases (used by status.py, the
+Events the operator posts, metrics and the tests). `tests/unit/test_status.py` checks it against the status model
+(api/models.py), so the producer and the CRD cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from hpd_runtime import contract
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    PREFILL_READY = "PrefillReady"
+    DECODE_READY = "DecodeReady"
+    ROUTER_READY = "RouterReady"
+    WARMED_UP = "WarmedUp"
+    HYBRID_PROFILE_APPLIED = "HybridProfileApplied"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+COMPONENT_CONDITION: dict[str, ConditionType] = {
+    "prefill": ConditionType.PREFILL_READY,
+    "decode": ConditionType.DECODE_READY,
+    contract.COMPONENT_ROUTER: ConditionType.ROUTER_READY,
+}
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    """Condition reasons and Event reasons (an Event's reason is the condition reason it reports, or a child
+    action: Created / Updated / Pruned)."""
+
+    # role conditions
+    MISSING = "Missing"
+    SCALED_TO_ZERO = "ScaledToZero"
+    ALL_REPLICAS_READY = "AllReplicasReady"
+    REPLICAS_NOT_READY = "ReplicasNotReady"
+    ROLLOUT_FAILED = "RolloutFailed"
+    UNSCHEDULABLE = "Unschedulable"
+    """A pod of the role cannot be scheduled (the scheduler's message is in the condition)."""
+    NODE_LOST = "NodeLost"
+    """A pod of the role is bound to a node that no longer exists."""
+    # WarmedUp
+    WARMUP_DISABLED = "WarmupDisabled"
+    ALL_ENGINES_WARM = "AllEnginesWarm"
+    WARMUP_PENDING = "WarmupPending"
+    # HybridProfileApplied
+    HYBRID = "Hybrid"
+    ATTENTION_ONLY = "AttentionOnly"
+    UNKNOWN = "Unknown"
+    # Progressing / Degraded
+    ROLLING_OUT = "RollingOut"
+    STABLE = "Stable"
+    AS_EXPECTED = "AsExpected"
+    # Ready
+    ALL_COMPONENTS_READY = "AllComponentsReady"
+    COMPONENTS_NOT_READY = "ComponentsNotReady"
+    # failures of one reconcile (Ready=False, Degraded=True, phase Failed; one Warning Event per transition)
+    INVALID_SPEC = "InvalidSpec"
+    """The spec is rejected (field path + rule in the message); nothing is applied or pruned."""
+    APPLY_FAILED = "ApplyFailed"
+    """The apiserver refused a child (kind/name + the apiserver's field message)."""
+    OWNERSHIP_CONFLICT = "OwnershipConflict"
+    """A child's name is taken by an object this CR does not own; it is left alone."""
+    RECONCILE_ERROR = "ReconcileError"
+    """An unexpected error in one step (named in the message); other CRs are not affected."""
+    # child actions (Events only)
+    CREATED = "Created"
+    UPDATED = "Updated"
+    PRUNED = "Pruned"
+
+
+FAILURE_REASONS: frozenset[Reason] = frozenset(
+    {Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT, Reason.RECONCILE_ERROR}
+)
+ROLE_PROBLEM_REASONS: frozenset[Reason] = frozenset({Reason.ROLLOUT_FAILED, Reason.UNSCHEDULABLE, Reason.NODE_LOST})
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why one reconcile could not converge the children (it becomes the Ready/Degraded conditions and one Event)."""
+
+    reason: Reason
+    message: str

@@ -1,0 +1,148 @@
+"""I/O beside apply.py: read what runs (CRs, role Deployments, pods, nodes) and report (status, Events).
+
+Events follow the core/v1 series semantics that client-go's EventCorrelator uses: one object per CR, type, reason
+and message, named deterministically; a repeat patches `count` and `lastTimestamp` on that object instead of
+creating another. The handlers post Events only on transitions, so a CR stuck on one problem has one Event whose
+count says how often it was reported, never an Event storm.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Mapping
+from typing import Any, cast
+
+from kubernetes import client
+
+from hpd_operator import apply as k8s
+from hpd_operator import metrics
+from hpd_operator.builders import instance_selector, role_name, router_name
+from hpd_operator.status import COMPONENTS
+from hpd_runtime import contract
+
+MAX_EVENT_MESSAGE = 1024
+_DEPLOYMENT = k8s.kind_of({"apiVersion": "apps/v1", "kind": "Deployment"})
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- read ---------------------------------------------------------------------------------------------------------
+def list_crs(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
+    co = client.CustomObjectsApi(api)
+    if not namespaces:
+        data = cast("dict[str, Any]", co.list_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL))
+        return list(data.get("items", []))
+    out: list[dict[str, Any]] = []
+    for ns in namespaces:
+        page = cast(
+            "dict[str, Any]", co.list_namespaced_custom_object(contract.GROUP, contract.VERSION, ns, contract.PLURAL)
+        )
+        out += page.get("items", [])
+    return out
+
+
+def component_names(cr_name: str) -> dict[str, str]:
+    """Component (prefill, decode, router) -> its Deployment's name."""
+    out: dict[str, str] = {role: role_name(cr_name, role) for role in contract.ROLES}
+    out[contract.COMPONENT_ROUTER] = router_name(cr_name)
+    return out
+
+
+def observe_deployments(api: client.ApiClient, namespace: str, name: str, uid: str) -> dict[str, dict[str, Any] | None]:
+    """Component -> its live Deployment, if this CR owns it."""
+    deps = k8s.list_children(api, namespace, instance_selector(name), kinds=[_DEPLOYMENT])
+    by_name = {d["metadata"]["name"]: d for d in deps if k8s.owned_by(d, uid)}
+    return {comp: by_name.get(n) for comp, n in component_names(name).items()}
+
+
+def observe_pods(api: client.ApiClient, namespace: str, name: str) -> dict[str, list[dict[str, Any]]]:
+    """Component -> its live pods (for the scheduler's verdict and the nodes they are bound to)."""
+    sel = ",".join(f"{k}={v}" for k, v in instance_selector(name).items())
+    data = k8s.read(api, f"/api/v1/namespaces/{namespace}/pods", [("labelSelector", sel)])
+    out: dict[str, list[dict[str, Any]]] = {comp: [] for comp in COMPONENTS}
+    for pod in data.get("items", []):
+        comp = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_COMPONENT)
+        if comp in out:
+            out[comp].append(pod)
+    return out
+
+
+def observe_nodes(api: client.ApiClient) -> frozenset[str] | None:
+    """Names of the existing nodes; None when the operator may not list nodes (then lost nodes go unnoticed until
+    the pod garbage collector removes their pods)."""
+    try:
+        data = k8s.read(api, "/api/v1/nodes", accept=k8s.METADATA_ONLY)
+    except client.ApiException as e:
+        if e.status in (401, 403):
+            return None
+        raise
+    return frozenset(n["metadata"]["name"] for n in data.get("items", []))
+
+
+# --- report -------------------------------------------------------------------------------------------------------
+def write_status(api: client.ApiClient, body: Mapping[str, Any], status: dict[str, Any]) -> bool:
+    """Patch the status subresource when something changed; returns whether it wrote."""
+    current = body.get("status") or {}
+    if all(current.get(k) == v for k, v in status.items()):
+        return False
+    md = body["metadata"]
+    try:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
+        )
+    except client.ApiException as e:
+        metrics.api_error("status", e.status)
+        if e.status != 404:  # the CR is gone: nothing to report on
+            raise
+    return True
+
+
+def event_name(body: Mapping[str, Any], type_: str, reason: str, message: str) -> str:
+    """One Event object per CR, type, reason and message (client-go's aggregation key, minus the source)."""
+    md = body["metadata"]
+    digest = hashlib.sha256(f"{md.get('uid')}\0{type_}\0{reason}\0{message}".encode()).hexdigest()[:16]
+    return f"{str(md['name'])[:200]}.{digest}"
+
+
+def event(api: client.ApiClient, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Record a core/v1 Event on the CR: create it, or count one more on the same Event. Best effort: never fails
+    a reconcile."""
+    md = body["metadata"]
+    message = message if len(message) <= MAX_EVENT_MESSAGE else message[: MAX_EVENT_MESSAGE - 3] + "..."
+    name, ns = event_name(body, type_, reason, message), md["namespace"]
+    stamp = datetime.datetime.now(datetime.UTC)
+    core = client.CoreV1Api(api)
+    ev = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name=name, namespace=ns),
+        involved_object=client.V1ObjectReference(
+            api_version=body.get("apiVersion"),
+            kind=body.get("kind"),
+            name=md["name"],
+            namespace=ns,
+            uid=md.get("uid"),
+            resource_version=md.get("resourceVersion"),
+        ),
+        type=type_,
+        reason=reason,
+        message=message,
+        source=client.V1EventSource(component=contract.MANAGED_BY),
+        reporting_component=contract.MANAGED_BY,
+        reporting_instance=contract.MANAGED_BY,
+        first_timestamp=stamp,
+        last_timestamp=stamp,
+        count=1,
+    )
+    try:
+        try:
+            core.create_namespaced_event(ns, ev)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+            old = core.read_namespaced_event(name, ns)
+            patch = {"count": (old.count or 1) + 1, "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            core.patch_namespaced_event(name, ns, patch)
+    except client.ApiException as e:
+        metrics.api_error("event", e.status)

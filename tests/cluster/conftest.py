@@ -1,0 +1,81 @@
+"""Cluster-test fixtures: the CRD, the operator as a subprocess (its log printed when a test fails), the hook that
+records each test's outcome (pytest only calls `pytest_runtest_makereport` from a conftest or plugin)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from hpd_devcluster.testing import wait_for
+
+from .kube import CRD, REPO, RESYNC, G, P, free_port, kubectl
+
+
+@pytest.fixture(scope="session")
+def crd(kubeconfig: Path, api_client: client.ApiClient) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    ext = client.ApiextensionsV1Api(api_client)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(f"{P}.{G}").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    # polled, not `kubectl wait`: that can fail at once when it runs before the CRD's first status
+    wait_for(established, 30, what="the CRD Established")
+
+
+class Operator:
+    """`python -m hpd_operator run --namespace NS` as a subprocess; start/stop/kill at will."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+
+    def start(self) -> None:
+        self.metrics_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("ab") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hpd_operator", "run", "--namespace", self.namespace, "--liveness-port", "0",
+                 "--metrics-port", str(self.metrics_port), "--resync-seconds", RESYNC],
+                env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+            )  # fmt: skip
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture()
+def operator(
+    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Operator]:
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]

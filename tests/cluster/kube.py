@@ -1,0 +1,155 @@
+"""Helpers for the cluster tests: kubectl, the seed CR, reads of CRs/children/Events, waits with deadlines."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from hpd_devcluster.testing import wait_for
+from hpd_runtime import contract
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "hybridpddeployments.hybridpd.io.yaml"
+SEED = REPO / "examples" / "nemotron-3-nano.yaml"
+G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
+RESYNC = "1.5"
+T = 45  # seconds: the deadline of one wait
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubectl_bin() -> str:
+    from hpd_devcluster.build import binaries
+
+    return str(binaries().kubectl)
+
+
+def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [kubectl_bin(), *args],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=60,
+    )
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+def seed(name: str = "nemotron-3-nano") -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(SEED.read_text())
+    doc["metadata"]["name"] = name
+    return doc
+
+
+def create(api: client.ApiClient, ns: str, doc: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, ns, P, doc)
+
+
+def get_cr(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(G, V, ns, P, name)
+    return out
+
+
+def patch_spec(api: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
+
+
+def cond(cr: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for c in (cr.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return dict(c)
+    return {}
+
+
+def deployment(api: client.ApiClient, ns: str, name: str) -> client.V1Deployment:
+    return client.AppsV1Api(api).read_namespaced_deployment(name, ns)
+
+
+def container_of(dep: client.V1Deployment) -> client.V1Container:
+    return dep.spec.template.spec.containers[0]
+
+
+def env_of(c: client.V1Container) -> dict[str, Any]:
+    return {e.name: (e.value if e.value_from is None else e.value_from) for e in c.env}
+
+
+def arg(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
+    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    pol, net = client.PolicyV1Api(api), client.NetworkingV1Api(api)
+    listers: dict[str, Callable[..., Any]] = {
+        "Deployment": apps.list_namespaced_deployment,
+        "Service": core.list_namespaced_service,
+        "ServiceAccount": core.list_namespaced_service_account,
+        "Role": rbac.list_namespaced_role,
+        "RoleBinding": rbac.list_namespaced_role_binding,
+        "PodDisruptionBudget": pol.list_namespaced_pod_disruption_budget,
+        "NetworkPolicy": net.list_namespaced_network_policy,
+    }
+    return {k: sorted(o.metadata.name for o in f(ns, label_selector=sel).items) for k, f in listers.items()}
+
+
+EXPECTED = {
+    "Deployment": ["{n}-decode", "{n}-prefill", "{n}-router"],
+    "Service": ["{n}", "{n}-decode", "{n}-prefill"],
+    "ServiceAccount": ["{n}-router"],
+    "Role": ["{n}-router"],
+    "RoleBinding": ["{n}-router"],
+    "PodDisruptionBudget": [],
+    "NetworkPolicy": ["{n}-engines", "{n}-router"],
+}
+
+
+def expected(name: str, **extra: list[str]) -> dict[str, list[str]]:
+    out = {k: sorted(x.format(n=name) for x in v) for k, v in EXPECTED.items()}
+    for k, v in extra.items():
+        out[k] = sorted(x.format(n=name) for x in v)
+    return out
+
+
+def wait_cr(
+    api: client.ApiClient, ns: str, name: str, pred: Callable[[dict[str, Any]], bool], what: str, *, timeout: float = T
+) -> dict[str, Any]:
+    """Poll the CR until `pred(cr)`; returns that CR."""
+
+    def check() -> dict[str, Any] | None:
+        cr = get_cr(api, ns, name)
+        return cr if pred(cr) else None
+
+    return wait_for(check, timeout, what=what)
+
+
+def wait_ready(api: client.ApiClient, ns: str, name: str, want: str = "True", timeout: float = T) -> dict[str, Any]:
+    return wait_cr(
+        api, ns, name, lambda c: cond(c, "Ready").get("status") == want, f"{name} Ready={want}", timeout=timeout
+    )
+
+
+def events(api: client.ApiClient, ns: str, name: str) -> list[client.CoreV1Event]:
+    """Events about the object `name` in `ns`."""
+    return list(client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items)
+
+
+def hold(check: Callable[[], bool], seconds: float, what: str, interval: float = 0.3) -> None:
+    """A negative claim held over time: `check()` must stay true for `seconds` (several resync rounds)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert check(), f"{what}: no longer true"
+        time.sleep(interval)
