@@ -168,3 +168,24 @@ def test_reconcile_counts_success_errors_and_invalid_specs_like_controller_runti
     after = snapshot()
     assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 3, 3, 1, 4)
     assert _sample("controller_runtime_active_workers") == 0
+
+
+def test_network_policies_let_prometheus_reach_every_pod_monitor_endpoint() -> None:
+    """The default NetworkPolicies (spec.networkPolicy) must not silently block what the PodMonitors scrape."""
+    from hpd_operator.builders import build_all
+    from hpd_operator.profile import compute_profile
+
+    cr = _cr()
+    objs = build_all(cr, compute_profile(cr.spec))
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    monitors = [o for o in objs if o["kind"] == "PodMonitor"]
+    assert len(monitors) == 2 and len(policies) == 2
+    for pm in monitors:
+        (np,) = [p for p in policies if p["spec"]["podSelector"] == pm["spec"]["selector"]]
+        from_prometheus = {
+            port["port"]
+            for rule in np["spec"]["ingress"]
+            if any("namespaceSelector" in peer for peer in rule.get("from", []))
+            for port in rule.get("ports", [])
+        }
+        assert {ep["port"] for ep in pm["spec"]["podMetricsEndpoints"]} <= from_prometheus, pm["metadata"]["name"]
