@@ -113,7 +113,12 @@ class TransientError(Exception):
 def parse(run: Run) -> None:
     """Parse once, then the profile (raises SpecError naming the field)."""
     cfg = settings.current()
-    run.cr = parse_cr(_cr_object(run.body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
+    run.cr = parse_cr(
+        _cr_object(run.body),
+        vllm_image=cfg.vllm_image,
+        router_image=cfg.router_image,
+        pod_monitor_labels=dict(cfg.pod_monitor_labels),
+    )
     run.profile = compute_profile(run.cr.spec)
 
 

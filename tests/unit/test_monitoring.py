@@ -189,3 +189,16 @@ def test_network_policies_let_prometheus_reach_every_pod_monitor_endpoint() -> N
             for port in rule.get("ports", [])
         }
         assert {ep["port"] for ep in pm["spec"]["podMetricsEndpoints"]} <= from_prometheus, pm["metadata"]["name"]
+
+
+def test_operator_pod_monitor_labels_sit_under_the_crs_own() -> None:
+    from hpd_operator.__main__ import build_parser
+
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["monitoring"] = {"podMonitor": True, "labels": {"team": "cr-team"}}
+    cr = parse_cr(doc, pod_monitor_labels={"release": "kps", "team": "default-team"})
+    engines, router = build_pod_monitors(cr)
+    for pm in (engines, router):
+        assert pm["metadata"]["labels"]["release"] == "kps" and pm["metadata"]["labels"]["team"] == "cr-team"
+    ns = build_parser().parse_args(["run", "--pod-monitor-label", "release=kps", "--pod-monitor-label", "a=b=c"])
+    assert ns.pod_monitor_label == [("release", "kps"), ("a", "b=c")]
