@@ -28,8 +28,23 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--router-image", default=c.DEFAULT_ROUTER_IMAGE, help="router image of CRs that leave spec.router.image out"
     )
+    p.add_argument(
+        "--pod-monitor-label",
+        action="append",
+        default=[],
+        type=_label,
+        metavar="KEY=VALUE",
+        help="label on every CR's PodMonitors, under the CR's spec.monitoring.labels (repeatable)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -46,6 +61,7 @@ def run(ns: argparse.Namespace) -> int:
             resync_seconds=ns.resync_seconds,
             vllm_image=ns.vllm_image,
             router_image=ns.router_image,
+            pod_monitor_labels=tuple(ns.pod_monitor_label),
         )
     )
     from hpd_operator import handlers  # noqa: F401  (registers the handlers, reading the configured interval)

@@ -162,9 +162,16 @@ def api_message(e: client.ApiException) -> str:
     return f"{e.status} {e.reason}: {msg or str(e.body or '')[:1000]}"
 
 
+REFUSED_500 = ("failed to create typed patch object", "failed to convert new object", "unable to convert unstructured")
+"""Server-side apply answers 500 (not 422) when the object does not fit the kind's schema (a string where a map
+belongs, duplicate keys of a list map, a malformed quantity): as permanent as a 422."""
+
+
 def refused(e: client.ApiException) -> bool:
     """The apiserver refused this object for good (until the spec changes): not worth a blind retry."""
-    return e.status in (400, 403, 404, 409, 422)
+    if e.status in (400, 403, 404, 409, 422):
+        return True
+    return e.status == 500 and any(m in str(e.body) for m in REFUSED_500)
 
 
 def list_children(

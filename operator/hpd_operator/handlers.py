@@ -113,7 +113,12 @@ class TransientError(Exception):
 def parse(run: Run) -> None:
     """Parse once, then the profile (raises SpecError naming the field)."""
     cfg = settings.current()
-    run.cr = parse_cr(_cr_object(run.body), vllm_image=cfg.vllm_image, router_image=cfg.router_image)
+    run.cr = parse_cr(
+        _cr_object(run.body),
+        vllm_image=cfg.vllm_image,
+        router_image=cfg.router_image,
+        pod_monitor_labels=dict(cfg.pod_monitor_labels),
+    )
     run.profile = compute_profile(run.cr.spec)
 
 
@@ -309,9 +314,7 @@ def converge(
         except client.ApiException as e:
             raise TransientError(f"observe: {k8s.api_message(e)}") from e
         status = write_report(run)
-        if run.failure is not None:  # reported in the CR's status: an error for controller-runtime's counters
-            outcome.error = True
-            outcome.terminal = run.failure.reason == Reason.INVALID_SPEC
+        outcome.failed(run.failure.reason if run.failure is not None else None)
         return status
 
 

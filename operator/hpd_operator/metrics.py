@@ -7,8 +7,9 @@ work unchanged; everything specific to this operator is `hpd_operator_*`. Per-CR
 `hybridpddeployment` (the CR's name; kube-state-metrics names the label after the kind) and `role` (prefill/decode/router, the same values the PodMonitors put on the
 engines' and router's series); the operator's ServiceMonitor therefore sets `honorLabels: true`.
 
-Handlers record at three points only: `reconcile()` around one converge, `record_status()` after a status
-computation, `forget()` when a CR is deleted (plus the API-error and applied/pruned counters beside the calls).
+Handlers record at three points only: `reconcile()` around one converge (told the run's failure reason, if any),
+`record_status()` after a status computation, `forget()` when a CR is deleted (plus the API-error and
+applied/pruned counters beside the calls).
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import contextlib
 import datetime
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from hpd_operator.conditions import Phase
+from hpd_operator.conditions import Phase, Reason
 from hpd_runtime import contract
 
 CONTROLLER = "hybridpddeployment"
 """The `controller` label value (controller-runtime uses the lower-cased kind)."""
 PHASES = tuple(str(p) for p in Phase)
+TERMINAL_REASONS = frozenset({Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT})
+"""Failures a retry cannot fix (the user's input; the CR's status names the field or object): counted as errors and
+as terminal errors. Reason.RECONCILE_ERROR (a bug, or input no check foresaw) and exceptions are plain errors."""
 ROLES = (*contract.ROLES, contract.COMPONENT_ROUTER)
 
 # controller-runtime's reconcile histogram buckets (pkg/internal/controller/metrics/metrics.go).
@@ -94,33 +97,34 @@ TIME_TO_READY = Gauge(
 _phase_of: dict[tuple[str, str], str] = {}
 
 
-@dataclass
 class Outcome:
-    """What the reconcile inside `reconcile()` reports: `error` (the CR's status carries a failure) and `terminal`
-    (an invalid spec: retrying cannot fix it)."""
+    """What one reconcile ended in; `failed(reason)` records a failure the run reported in the CR's status."""
 
-    error: bool = False
-    terminal: bool = False
+    def __init__(self) -> None:
+        self.failure: Reason | None = None
+
+    def failed(self, reason: Reason | None) -> None:
+        self.failure = reason
 
 
 @contextlib.contextmanager
 def reconcile() -> Iterator[Outcome]:
-    """Time one reconcile and count its result: success, or error (raised, or set on the Outcome; an invalid spec is
-    also a terminal error)."""
+    """Time one reconcile and count its result: success, or error (an exception, or a failure reported in the
+    status; the user-input ones in TERMINAL_REASONS are also terminal errors)."""
     start = time.monotonic()
     ACTIVE_WORKERS.labels(CONTROLLER).inc()
-    outcome = Outcome()
-    result = "error"
+    outcome, raised = Outcome(), True
     try:
         yield outcome
-        result = "error" if outcome.error else "success"
-        if outcome.terminal:
-            TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER).inc()
+        raised = False
     finally:
         ACTIVE_WORKERS.labels(CONTROLLER).dec()
-        RECONCILE_TOTAL.labels(CONTROLLER, result).inc()
-        if result == "error":
+        error = raised or outcome.failure is not None
+        RECONCILE_TOTAL.labels(CONTROLLER, "error" if error else "success").inc()
+        if error:
             RECONCILE_ERRORS.labels(CONTROLLER).inc()
+        if not raised and outcome.failure in TERMINAL_REASONS:
+            TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER).inc()
         RECONCILE_TIME.labels(CONTROLLER).observe(time.monotonic() - start)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,7 +20,7 @@ import pydantic
 import yaml
 
 from hpd_operator.api import constants as c
-from hpd_operator.api.models import HybridPDDeployment, with_default_images
+from hpd_operator.api.models import HybridPDDeployment, with_default_images, with_default_pod_monitor_labels
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_runtime import contract
@@ -33,15 +33,21 @@ PROFILE_KIND = "HybridPDProfile"
 
 
 def parse_cr(
-    obj: dict[str, Any], *, vllm_image: str = c.DEFAULT_VLLM_IMAGE, router_image: str = c.DEFAULT_ROUTER_IMAGE
+    obj: dict[str, Any],
+    *,
+    vllm_image: str = c.DEFAULT_VLLM_IMAGE,
+    router_image: str = c.DEFAULT_ROUTER_IMAGE,
+    pod_monitor_labels: Mapping[str, str] | None = None,
 ) -> HybridPDDeployment:
     """Parse one CR dict; schema errors become a SpecError with camelCase field paths. Images the CR leaves out
-    become the given defaults (the operator passes its `--vllm-image/--router-image`)."""
+    become the given defaults (the operator passes its `--vllm-image/--router-image`), and its
+    `--pod-monitor-label`s go under the CR's own spec.monitoring.labels."""
     try:
         cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
         raise SpecError.from_validation_error(err, prefix="") from None
-    return with_default_images(cr, vllm_image=vllm_image, router_image=router_image)
+    cr = with_default_images(cr, vllm_image=vllm_image, router_image=router_image)
+    return with_default_pod_monitor_labels(cr, pod_monitor_labels or {})
 
 
 class RenderError(Exception):

@@ -46,6 +46,8 @@ class OperatorConfig:
     resync_seconds: float = RESYNC_SECONDS_DEFAULT
     vllm_image: str = c.DEFAULT_VLLM_IMAGE
     router_image: str = c.DEFAULT_ROUTER_IMAGE
+    pod_monitor_labels: tuple[tuple[str, str], ...] = ()
+    """Labels on every CR's PodMonitors (the chart's podMonitors.labels, e.g. release: kube-prometheus-stack)."""
 
 
 _CURRENT: list[OperatorConfig] = [OperatorConfig()]

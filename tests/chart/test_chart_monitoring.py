@@ -151,3 +151,13 @@ def test_service_monitor_without_the_metrics_service_is_refused(helm: Helm) -> N
         check=False,
     )
     assert p.returncode != 0 and "metrics.serviceMonitor.enabled needs metrics.service.enabled" in p.stderr
+
+
+def test_pod_monitor_labels_become_operator_flags(helm: Helm) -> None:
+    docs = render(helm, "podMonitors.labels.release=kube-prometheus-stack")
+    (dep,) = by_kind(docs, "Deployment")
+    assert (
+        "--pod-monitor-label=release=kube-prometheus-stack" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    (plain,) = by_kind(render(helm), "Deployment")
+    assert not [a for a in plain["spec"]["template"]["spec"]["containers"][0]["args"] if "pod-monitor" in a]

@@ -28,9 +28,9 @@ import yaml
 from kubernetes import client
 
 from hpd_devcluster.testing import wait_for
-from hpd_operator.builders.monitoring import relabelings
 from hpd_operator.monitoring import __main__ as gen
 from hpd_operator.monitoring import dashboard, rules
+from hpd_operator.render import render
 from hpd_runtime import contract as c
 
 from .prom import LOOPBACK, Prometheus, camel_to_snake, free_port
@@ -160,6 +160,17 @@ def _create_cr(api: client.ApiClient, kubeconfig: Path, namespace: str) -> None:
     client.CustomObjectsApi(api).create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, doc)
 
 
+def _pod_monitor_relabelings(namespace: str) -> list[dict[str, Any]]:
+    """The relabelings of the PodMonitors the operator applies for the seed CR (one list for every endpoint)."""
+    doc = yaml.safe_load(SEED.read_text())
+    doc["metadata"] = {"name": CR_NAME, "namespace": namespace}
+    doc["spec"]["monitoring"] = {"podMonitor": True}
+    monitors = [m for m in render([doc]) if m["kind"] == "PodMonitor"]
+    lists = [ep["relabelings"] for m in monitors for ep in m["spec"]["podMetricsEndpoints"]]
+    assert len(monitors) == 2 and all(x == lists[0] for x in lists), lists
+    return list(lists[0])
+
+
 def _cr_phase(api: client.ApiClient, namespace: str) -> str | None:
     cr = client.CustomObjectsApi(api).get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, CR_NAME)
     return (cr.get("status") or {}).get("phase")  # type: ignore[no-any-return]
@@ -201,7 +212,7 @@ def stack(api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pyte
             ],
         )
         op_port = _operator(procs, kubeconfig, namespace)
-        relabel = camel_to_snake(relabelings(CR_NAME))
+        relabel = camel_to_snake(_pod_monitor_relabelings(namespace))
         engine_targets = [
             _target(port, role, namespace, f"{CR_NAME}-{role}-0") for role, ports in engines.items() for port in ports
         ]
@@ -227,9 +238,9 @@ def stack(api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pyte
         runtime = {role: f"http://{LOOPBACK}:{ports[1]}" for role, ports in engines.items()}
         router = f"http://{LOOPBACK}:{router_port}"
         for role, url in runtime.items():
-            wait_for(lambda u=url: _get(u + c.PATH_READYZ) == 200, 90, what=f"{role} runtime /readyz (warmup done)")
-        wait_for(lambda: _get(router + "/readiness") == 200, 60, what="router /readiness")
-        wait_for(lambda: _cr_phase(api_client, namespace) == "Ready", 90, what="the CR Ready")
+            wait_for(lambda u=url: _get(u + c.PATH_READYZ) == 200, 180, what=f"{role} runtime /readyz (warmup done)")
+        wait_for(lambda: _get(router + "/readiness") == 200, 120, what="router /readiness")
+        wait_for(lambda: _cr_phase(api_client, namespace) == "Ready", 180, what="the CR Ready")
         # Prometheus must have a sample of every counter before the failures, or increase() sees no change
         wait_for(lambda: _all_up(prom), 60, what="every scrape target up")
         _drive_traffic(prom, fakes, router)
@@ -341,6 +352,23 @@ def test_every_target_is_up_and_relabeled_with_role_and_cr(stack: Stack) -> None
     assert all(t["labels"].get("hybridpddeployment") == CR_NAME for t in targets if t["labels"]["job"] != "operator")
     got = stack.prom.query(f'count by (role) (vllm:num_requests_running{{hybridpddeployment="{CR_NAME}"}})')
     assert sorted(r["metric"]["role"] for r in got["data"]["result"]) == ["decode", "prefill"]
+
+
+def test_operator_series_describe_the_cr_under_its_own_namespace(stack: Stack) -> None:
+    """honor_labels (as the chart's ServiceMonitor sets it) keeps the CR's namespace on the per-CR series."""
+    sel = f'namespace="{stack.namespace}", hybridpddeployment="{CR_NAME}"'
+    ready = stack.prom.query(f"hpd_operator_ready_replicas{{{sel}}}")["data"]["result"]
+    assert sorted((r["metric"]["role"], r["value"][1]) for r in ready) == [
+        ("decode", "1"),
+        ("prefill", "1"),
+        ("router", "1"),
+    ]
+    phase = stack.prom.query(f'hpd_operator_hybridpddeployment_status_phase{{{sel}, phase="Ready"}}')
+    assert [r["value"][1] for r in phase["data"]["result"]] == ["1"]
+    (took,) = stack.prom.query(f"hpd_operator_time_to_ready_seconds{{{sel}}}")["data"]["result"]
+    assert 0 <= float(took["value"][1]) < 600
+    total = stack.prom.query('sum(controller_runtime_reconcile_total{result="success"})')["data"]["result"]
+    assert float(total[0]["value"][1]) >= 1
 
 
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:

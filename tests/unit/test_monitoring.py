@@ -132,3 +132,73 @@ def test_docs_list_every_operator_metric_and_every_alert() -> None:
     assert len(names) == 13
     assert [n for n in sorted(names) if f"`{n}`" not in doc] == []
     assert [a.name for a in rules.alerts() if f"`{a.name}`" not in doc] == []
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(name, {"controller": metrics.CONTROLLER, **labels})
+    assert value is not None, name
+    return float(value)
+
+
+def test_reconcile_counts_success_errors_and_invalid_specs_like_controller_runtime() -> None:
+    import pytest
+
+    from hpd_operator.conditions import Reason
+
+    def snapshot() -> tuple[float, ...]:
+        return (
+            _sample("controller_runtime_reconcile_total", result="success"),
+            _sample("controller_runtime_reconcile_total", result="error"),
+            _sample("controller_runtime_reconcile_errors_total"),
+            _sample("controller_runtime_terminal_reconcile_errors_total"),
+            _sample("controller_runtime_reconcile_time_seconds_count"),
+        )
+
+    before = snapshot()
+    with metrics.reconcile() as ok:
+        ok.failed(None)
+    with metrics.reconcile() as invalid:  # the user's input: an error and a terminal error
+        invalid.failed(Reason.INVALID_SPEC)
+    with metrics.reconcile() as bug:  # reported in the status, but a retry may help: not terminal
+        bug.failed(Reason.RECONCILE_ERROR)
+    with pytest.raises(RuntimeError), metrics.reconcile():
+        raise RuntimeError("apiserver gone")
+    after = snapshot()
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 3, 3, 1, 4)
+    assert _sample("controller_runtime_active_workers") == 0
+
+
+def test_network_policies_let_prometheus_reach_every_pod_monitor_endpoint() -> None:
+    """The default NetworkPolicies (spec.networkPolicy) must not silently block what the PodMonitors scrape."""
+    from hpd_operator.builders import build_all
+    from hpd_operator.profile import compute_profile
+
+    cr = _cr()
+    objs = build_all(cr, compute_profile(cr.spec))
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    monitors = [o for o in objs if o["kind"] == "PodMonitor"]
+    assert len(monitors) == 2 and len(policies) == 2
+    for pm in monitors:
+        (np,) = [p for p in policies if p["spec"]["podSelector"] == pm["spec"]["selector"]]
+        from_prometheus = {
+            port["port"]
+            for rule in np["spec"]["ingress"]
+            if any("namespaceSelector" in peer for peer in rule.get("from", []))
+            for port in rule.get("ports", [])
+        }
+        assert {ep["port"] for ep in pm["spec"]["podMetricsEndpoints"]} <= from_prometheus, pm["metadata"]["name"]
+
+
+def test_operator_pod_monitor_labels_sit_under_the_crs_own() -> None:
+    from hpd_operator.__main__ import build_parser
+
+    doc = yaml.safe_load(SEED.read_text())
+    doc["spec"]["monitoring"] = {"podMonitor": True, "labels": {"team": "cr-team"}}
+    cr = parse_cr(doc, pod_monitor_labels={"release": "kps", "team": "default-team"})
+    engines, router = build_pod_monitors(cr)
+    for pm in (engines, router):
+        assert pm["metadata"]["labels"]["release"] == "kps" and pm["metadata"]["labels"]["team"] == "cr-team"
+    ns = build_parser().parse_args(["run", "--pod-monitor-label", "release=kps", "--pod-monitor-label", "a=b=c"])
+    assert ns.pod_monitor_label == [("release", "kps"), ("a", "b=c")]

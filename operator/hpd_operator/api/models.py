@@ -7,6 +7,7 @@ Parse once: `HybridPDDeployment.model_validate(obj)` or `HybridPDDeploymentSpec.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -485,3 +486,11 @@ def with_default_images(cr: HybridPDDeployment, *, vllm_image: str, router_image
     if not update:
         return cr
     return cr.model_copy(update={"spec": spec.model_copy(update=update)})
+
+
+def with_default_pod_monitor_labels(cr: HybridPDDeployment, labels: Mapping[str, str]) -> HybridPDDeployment:
+    """`cr` with the operator's PodMonitor labels (`--pod-monitor-label`) under its own spec.monitoring.labels."""
+    if not labels:
+        return cr
+    monitoring = cr.spec.monitoring.model_copy(update={"labels": {**labels, **cr.spec.monitoring.labels}})
+    return cr.model_copy(update={"spec": cr.spec.model_copy(update={"monitoring": monitoring})})

@@ -217,8 +217,9 @@ LIFECYCLE = (
         for_="10m",
         severity="warning",
         summary="The hybrid-pd-operator fails to reconcile",
-        description="Retryable reconcile errors (API errors, bugs) for 10 minutes; invalid specs are not counted.",
-        runbook="See the operator log and the CRs' Warning Events (ApplyFailed, ReconcileError); "
+        description="Reconcile errors for 10 minutes (API trouble, or ReconcileError: a bug or input no check "
+        "foresaw); failures caused by a CR's input (InvalidSpec, ApplyFailed, OwnershipConflict) are not counted.",
+        runbook="See the operator log and the CRs' Warning Events (ReconcileError names the step); "
         "hpd_operator_api_errors_total tells which API call fails.",
     ),
 )
