@@ -223,8 +223,12 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
             _reject(api, body, err, post_event=trigger != "resync")
             raise
         md = body["metadata"]
+        if trigger != "resync":
+            for warning in profile.warnings:  # not fatal: also in status.profile.warnings and the Ready message
+                _event(api, body, "Warning", "VersionMismatch", warning)
         try:
             observed, notes = _apply_all(api, body, cr, profile)
+            notes = [*notes, *profile.warnings]
         except client.ApiException as e:
             metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
             _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")

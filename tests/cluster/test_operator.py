@@ -237,7 +237,7 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert arg(args, "--max-model-len") == "8192"
         assert "--no-enable-prefix-caching" in args
         assert "--no-disable-hybrid-kv-cache-manager" in args
-        assert ("--no-async-scheduling" in args) == (role == "decode")
+        assert "--no-async-scheduling" in args  # vLLM 0.20: decode, and prefill at TP 2 (#36687)
         assert env[contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT] == "DS"
         assert env[contract.ENV_POD_IP].field_ref.field_path == "status.podIP"
         assert env[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST] == f"$({contract.ENV_POD_IP})"
