@@ -224,11 +224,10 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
             raise
         md = body["metadata"]
         if trigger != "resync":
-            for warning in profile.warnings:  # not fatal: also in status.profile.warnings and the Ready message
-                _event(api, body, "Warning", "VersionMismatch", warning)
+            for warning in profile.warnings:
+                _event(api, body, "Warning", "RiskySpec", warning)
         try:
             observed, notes = _apply_all(api, body, cr, profile)
-            notes = [*notes, *profile.warnings]
         except client.ApiException as e:
             metrics.API_ERRORS.labels(op="apply", status=str(e.status)).inc()
             _event(api, body, "Warning", "ApplyFailed", f"{e.status} {e.reason}: {str(e.body)[:500]}")
@@ -242,7 +241,7 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
             observed=observed,
             generation=md.get("generation"),
             profile=profile,
-            notes=notes,
+            notes=[*notes, *profile.warnings],
             previous=(body.get("status") or {}).get("conditions") or [],
             now=_now(),
         )

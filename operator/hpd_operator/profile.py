@@ -369,10 +369,10 @@ class Profile(_Frozen):
     ssd_chunk_size: int | None
     prefill: RoleProfile
     decode: RoleProfile
+    warnings: tuple[str, ...] = ()
+    """Accepted but risky settings: shown in the Ready condition's message and posted once as a Warning Event."""
     rules: tuple[VersionRuleStatus, ...] = ()
     """The version-table rules that applied (hybrid-only rules only for hybrid models)."""
-    warnings: tuple[str, ...] = ()
-    """Not fatal, shown in status.profile.warnings and posted as a Warning Event (e.g. image tag vs version)."""
 
     def role(self, role: contract.Role) -> RoleProfile:
         return self.prefill if role == "prefill" else self.decode
@@ -725,9 +725,10 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
         raise SpecError(problems)
     model = model_path(spec)
     chunk = cfg.ssd_chunk_size if cfg is not None else None
-    image = spec.image or c.vllm_image(version)
-    tag_warning = image_version_warning(image, version)
+    tag_warning = image_version_warning(spec.image or c.vllm_image(version), version)
+    warnings = (tag_warning,) if tag_warning else ()
     return Profile(
+        warnings=warnings,
         vllm_version=version,
         row=row.minor,
         hybrid=hybrid,
@@ -742,5 +743,4 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
             for r in row.rules
             if hybrid or not r.hybrid_only
         ),
-        warnings=(tag_warning,) if tag_warning else (),
     )

@@ -516,9 +516,9 @@ def test_image_tag_naming_another_vllm_release_is_a_warning_not_a_rejection(
 
     def event() -> bool:
         evs = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-        return any(e.type == "Warning" and e.reason == "VersionMismatch" and "0.25.1" in e.message for e in evs)
+        return any(e.type == "Warning" and e.reason == "RiskySpec" and "0.25.1" in e.message for e in evs)
 
-    wait_for(event, T, what="VersionMismatch Event")
+    wait_for(event, T, what="RiskySpec Event")
     # the image follows the version when only the version is set: no warning
     patch_spec(api_client, ns, name, {"image": None, "vllmVersion": "0.25.1"})
     cr = wait_cr(api_client, ns, name, lambda c: c["status"]["profile"].get("vllmVersion") == "0.25.1", "0.25.1")
