@@ -53,9 +53,19 @@ ROUTER_PORT = 8090
 MAX_MODEL_LEN = 4096
 
 
-def sample_spec(model_dir: Path, mode: str, tp: tuple[int, int] = (1, 1), weights: str = "dummy") -> dict[str, Any]:
+DEFAULT_VLLM_VERSION = "0.20.0"
+
+
+def sample_spec(
+    model_dir: Path,
+    mode: str,
+    tp: tuple[int, int] = (1, 1),
+    weights: str = "dummy",
+    version: str = DEFAULT_VLLM_VERSION,
+) -> dict[str, Any]:
     """The sample CR's spec: the tiny Nemotron-H, two instances sharing the GPU(s). `weights`: `dummy` (vLLM draws
-    them, different per TP size) or `fixed` (the checkpoint make_checkpoint.py wrote into `model_dir`)."""
+    them, different per TP size) or `fixed` (the checkpoint make_checkpoint.py wrote into `model_dir`). `version`:
+    spec.vllmVersion, the vLLM staged on the GPU machine (the profile's version rules follow it)."""
     extra = ["--skip-tokenizer-init", "--max-num-seqs", "64"]
     if weights == "dummy":
         extra = ["--load-format", "dummy", *extra]
@@ -65,7 +75,7 @@ def sample_spec(model_dir: Path, mode: str, tp: tuple[int, int] = (1, 1), weight
         "model": {"name": str(model_dir), "maxModelLen": MAX_MODEL_LEN, "hybrid": "mamba2",
                   "config": {"numAttentionHeads": 8, "numKeyValueHeads": 2, "mambaNumHeads": 16, "mambaNGroups": 2,
                              "hiddenSize": 512, "ssdChunkSize": 256, "hybridOverridePattern": "M-M*M-"}},
-        "vllmVersion": "0.20.0",
+        "vllmVersion": version,
         "gpuMemoryUtilization": 0.3,
         "extraArgs": extra,
         "prefill": {"tensorParallelSize": tp[0]},
@@ -108,11 +118,18 @@ NO_NVLINK_MULTICAST: dict[str, str] = {
 
 
 def role_commands(
-    mode: str, model_dir: Path, cache_root: Path, warmup: bool, *, tp: tuple[int, int] = (1, 1), weights: str = "dummy"
+    mode: str,
+    model_dir: Path,
+    cache_root: Path,
+    warmup: bool,
+    *,
+    tp: tuple[int, int] = (1, 1),
+    weights: str = "dummy",
+    version: str = DEFAULT_VLLM_VERSION,
 ) -> tuple[dict[str, Role], list[str]]:
     """Per-role argv/env from the operator's profile. With TP > 1 a role uses GPUs 0..TP-1, so both roles share
     GPU 0 (P TP=2 over GPUs 0-1 with D TP=1 on GPU 0, as issue #7 asks)."""
-    spec_dict = sample_spec(model_dir, mode, tp, weights)
+    spec_dict = sample_spec(model_dir, mode, tp, weights, version)
     spec_dict["warmup"]["enabled"] = warmup
     spec = HybridPDDeploymentSpec.model_validate(spec_dict)
     profile = compute_profile(spec)
@@ -385,6 +402,8 @@ def main() -> int:
     ap.add_argument("--decode-tp", type=int, default=1, help="decode TP (GPUs 0..N-1)")
     ap.add_argument("--weights", choices=["dummy", "fixed"], default="dummy",
                     help="fixed: the seeded checkpoint of make_checkpoint.py, the same weights at every TP size")  # fmt: skip
+    ap.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION,
+                    help="spec.vllmVersion: the vLLM staged on this machine (bench/gpu/stage.sh VERSION)")  # fmt: skip
     args = ap.parse_args()
     t0 = time.monotonic()
     out: Path = args.out
@@ -402,9 +421,11 @@ def main() -> int:
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "mode": args.mode, "command": " ".join(sys.argv),
         "gpu": gpu_name(), "tensor_parallel": {"prefill": tp[0], "decode": tp[1]}, "weights": args.weights,
+        "vllm_version": args.vllm_version,
         "phases": {},
     }  # fmt: skip
     suffix = "" if (tp, args.weights) == ((1, 1), "dummy") else f"-p{tp[0]}d{tp[1]}-{args.weights}"
+    suffix += "" if args.vllm_version == DEFAULT_VLLM_VERSION else f"-v{args.vllm_version}"
     result_file = out / f"gpu-{args.mode}{suffix}.json"
 
     def save() -> None:
@@ -424,7 +445,9 @@ def main() -> int:
             report["phases"][name] = {"skipped": f"time budget: {elapsed:.0f} s used of {args.budget_s:.0f}"}
             save()
             continue
-        roles, substitutions = role_commands(args.mode, model_dir, cache_root, warmup, tp=tp, weights=args.weights)
+        roles, substitutions = role_commands(
+            args.mode, model_dir, cache_root, warmup, tp=tp, weights=args.weights, version=args.vllm_version
+        )
         report.setdefault("argv", {n: r.args for n, r in roles.items()})
         report.setdefault("env", {n: r.env for n, r in roles.items()})
         report.setdefault("one_host_substitutions", substitutions)

@@ -24,7 +24,11 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=s.RESYNC_SECONDS_DEFAULT,
         help="re-apply + status interval per CR (drift correction)",
     )
-    p.add_argument("--vllm-image", default=c.DEFAULT_VLLM_IMAGE, help="vLLM image of CRs that leave spec.image out")
+    p.add_argument(
+        "--vllm-image",
+        default=c.VLLM_IMAGE_TEMPLATE,
+        help="vLLM image of CRs that leave spec.image out; {version} becomes their spec.vllmVersion",
+    )
     p.add_argument(
         "--router-image", default=c.DEFAULT_ROUTER_IMAGE, help="router image of CRs that leave spec.router.image out"
     )

@@ -75,6 +75,9 @@ class Reason(StrEnum):
     """A child's name is taken by an object this CR does not own; it is left alone."""
     RECONCILE_ERROR = "ReconcileError"
     """An unexpected error in one step (named in the message); other CRs are not affected."""
+    RISKY_SPEC = "RiskySpec"
+    """Not fatal, deployed anyway (Warning Event, status.profile.warnings): e.g. an image tag naming another vLLM
+    release than spec.vllmVersion, a spec.blockSize vLLM may raise."""
     # child actions (Events only)
     CREATED = "Created"
     UPDATED = "Updated"

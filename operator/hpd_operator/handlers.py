@@ -120,6 +120,7 @@ def parse(run: Run) -> None:
         pod_monitor_labels=dict(cfg.pod_monitor_labels),
     )
     run.profile = compute_profile(run.cr.spec)
+    run.notes.extend(run.profile.warnings)
 
 
 def build(run: Run) -> None:
@@ -289,6 +290,9 @@ def write_report(run: Run) -> dict[str, Any]:
     _REPORTED[run.uid] = status["conditions"]
     for action, whats in run.actions.items():
         report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
+    if run.trigger != "resync" and run.profile is not None:  # once per spec change, not per resync round
+        for warning in run.profile.warnings:
+            report.event(run.api, run.body, "Warning", Reason.RISKY_SPEC, warning)
     for type_, reason, message in transitions(previous, status["conditions"]):
         report.event(run.api, run.body, type_, reason, message)
     metrics.record_status(run.namespace, run.name, status, md.get("creationTimestamp"))

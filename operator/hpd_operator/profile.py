@@ -7,7 +7,10 @@
 Raises `SpecError` (all violations at once) for what vLLM would otherwise only hit at runtime: TP sizes that
 do not divide one another, heads/groups that a TP size does not divide, operator-owned or forbidden flags in
 extraArgs, operator-owned env, kv_both, speculative decoding with hybrid P/D.
-Facts and their sources: shared/reference/vllm-facts.md (§0 table, §1.3, §1.5, §6).
+Version table: VERSION_RULES, one rule per fact over a range of vLLM minors (0.20-0.33), each citing its upstream
+PRs/issues; status.profile.rules lists the rules that applied, status.profile.warnings what is not fatal (an image
+tag naming another release than spec.vllmVersion).
+Facts and their sources: shared/reference/vllm-upstream-2026-11.md (wins where they differ) and vllm-facts.md.
 
 Side-channel host: every role gets `HPD_POD_IP` from the downward API (`status.podIP`) FIRST, then
 `VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP)` (Kubernetes expands `$(VAR)` from earlier entries). One downward-API
@@ -21,12 +24,18 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
 from hpd_operator.api import constants as c
-from hpd_operator.api.models import HybridPDDeploymentSpec, InjectionStatus, ModelConfigSpec, ProfileStatus
+from hpd_operator.api.models import (
+    HybridPDDeploymentSpec,
+    InjectionStatus,
+    ModelConfigSpec,
+    ProfileStatus,
+    VersionRuleStatus,
+)
 from hpd_operator.errors import SpecError, SpecViolation
 from hpd_runtime import contract
 
@@ -35,56 +44,246 @@ KV_ROLES: Final[dict[contract.Role, str]] = {"prefill": "kv_producer", "decode":
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Version table (vllm-facts.md §0)
+# Version table: rules over ranges of vLLM minors (shared/reference/vllm-upstream-2026-11.md §1-§2, vllm-facts.md)
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class VersionRule:
+    """One fact about hybrid P/D over NIXL that holds for vLLM 0.<first> through 0.<last> (inclusive)."""
+
+    key: str
+    first: int
+    last: int
+    upstream: str
+    """The upstream numbers (vllm-project/vllm PRs/issues unless a repo is named) that justify the range."""
+    note: str
+    """What the rule means for a deployment (shown in status.profile.rules)."""
+    hybrid_only: bool = True
+
+    def covers(self, minor: int) -> bool:
+        return self.first <= minor <= self.last
+
+    @property
+    def versions(self) -> str:
+        return f"0.{self.first}" if self.first == self.last else f"0.{self.first}-0.{self.last}"
+
+
+_FIRST, _LAST = c.VLLM_MINORS[0], c.VLLM_MINORS[-1]
+VERSION_RULES: Final[tuple[VersionRule, ...]] = (
+    VersionRule(
+        key="ds-conv-state-layout",
+        first=_FIRST,
+        last=_LAST,
+        upstream="#37416, #37635 (0.20); not the CUDA default in any release: #42882 closed, docs #54387/#54489",
+        note="VLLM_SSM_CONV_STATE_LAYOUT=DS on both roles: the NIXL worker asserts the DS conv-state layout for "
+        "Mamba models (only the CPU platform sets it itself)",
+    ),
+    VersionRule(
+        key="hybrid-kv-cache-manager-flag",
+        first=20,
+        last=21,
+        upstream="#35758 (HMA for NIXL); 0.20 config/vllm.py turns HMA off with --kv-transfer-config, kept on for "
+        "SupportsHMA connectors (NixlConnector) from 0.22 (0.22.1 wheel)",
+        note="--no-disable-hybrid-kv-cache-manager on both roles (NIXL with Mamba asserts HMA on); harmless later, "
+        "so 0.21 (not read from a wheel) keeps it",
+    ),
+    VersionRule(
+        key="no-async-scheduling",
+        first=20,
+        last=25,
+        upstream="races #37285; fixed by #45357 (0.24) and #48481 + #48085 (0.26); prefill at TP > 1: #36687",
+        note="--no-async-scheduling on decode, and on prefill when its TP > 1: async scheduling can overwrite or "
+        "zero RDMA-loaded Mamba/KV state",
+    ),
+    VersionRule(
+        key="equal-block-size",
+        first=20,
+        last=26,
+        upstream="'Mamba 3-read transfer with block_size_ratio != 1 is not tested' (0.20-0.25.1); lifted by #49612 "
+        "(0.27)",
+        note="prefill and decode must end up with the same attention block size; different TP sizes that replicate "
+        "KV heads or Mamba groups need spec.blockSize (vLLM's padded size varies with TP)",
+    ),
+    VersionRule(
+        key="hetero-block-size",
+        first=27,
+        last=_LAST,
+        upstream="#49612 (0.27): heterogeneous P/D block sizes for hybrid models",
+        note="prefill and decode may derive different block sizes; leave spec.blockSize unset (different kernel "
+        "block sizes across TP are still a known gap, #41886)",
+    ),
+    VersionRule(
+        key="hetero-tp-mamba2",
+        first=_FIRST,
+        last=_LAST,
+        upstream="#37635 (0.20): heterogeneous-TP 3-read conv transfer for Mamba2",
+        note="prefill and decode TP may differ when one divides the other",
+    ),
+    VersionRule(
+        key="fa-kernel-blocks-16-32-64",
+        first=20,
+        last=24,
+        upstream="#27264/#27753 stopgap; removed by #36701 (0.25)",
+        note="FlashAttention with an fp32 Mamba cache uses 16/32/64-token kernel blocks only; an explicit --block-size "
+        "(128 -> 640 on 64) gave NaN P->D output on 0.20 (bench/gpu/README.md): prefer leaving spec.blockSize unset",
+    ),
+    VersionRule(
+        key="no-builtin-ssd-warmup",
+        first=20,
+        last=21,
+        upstream="#39822 (0.22) added it",
+        note="vLLM does not autotune the Mamba2 SSD kernels at startup: without our warmup the first request pays it",
+    ),
+    VersionRule(
+        key="builtin-ssd-warmup",
+        first=22,
+        last=_LAST,
+        upstream="#39822 (0.22)",
+        note="vLLM autotunes the SSD kernels at startup for seqlen = chunk_size only; our warmup still covers the "
+        "other length classes, initial states and decode's 1-token recompute",
+    ),
+    VersionRule(
+        key="seqlen-specialization",
+        first=20,
+        last=22,
+        upstream="removed by #43803 (0.23)",
+        note="Triton specializes the SSD/conv kernels on seqlen (1 / multiple of 16 / other): the warmup sends "
+        "prompts of each class",
+    ),
+    VersionRule(
+        key="side-channel-host-in-compile-key",
+        first=20,
+        last=21,
+        upstream="ai-dynamo/dynamo#10695, #46235; ignored from 0.22",
+        note="VLLM_NIXL_SIDE_CHANNEL_HOST is hashed into the torch.compile cache key: a new pod IP recompiles",
+        hybrid_only=False,
+    ),
+    VersionRule(
+        key="kv-both-deprecated",
+        first=23,
+        last=_LAST,
+        upstream="#43874 (RFC #43807)",
+        note="kv_role kv_both logs a deprecation (still accepted in 0.33); the operator never emits it",
+        hybrid_only=False,
+    ),
+    VersionRule(
+        key="replaced-prefill-never-released",
+        first=20,
+        last=24,
+        upstream="#49238 (open); no engine_ttl before 0.25",
+        note="a replaced prefill's NIXL state stays on decode until decode restarts (segfault/hang seen after a "
+        "prefill restart): restart the decode pods after a prefill pod is replaced",
+        hybrid_only=False,
+    ),
+    VersionRule(
+        key="replaced-prefill-ttl",
+        first=25,
+        last=32,
+        upstream="#49238; engine_ttl (kv_connector_extra_config, default 3600 s); #50047 open",
+        note="a replaced prefill's NIXL state is evicted on decode only after engine_ttl (1 h)",
+        hybrid_only=False,
+    ),
+    VersionRule(
+        key="replaced-prefill-released",
+        first=33,
+        last=_LAST,
+        upstream="#49238; 0.33 releases a replaced engine's state once its reads drain (#54689), pull mode only",
+        note="a replaced prefill's NIXL state is released on decode after the new handshake (NixlConnector = pull)",
+        hybrid_only=False,
+    ),
+    VersionRule(
+        key="hybrid-pd-fixes-complete",
+        first=27,
+        last=_LAST,
+        upstream="#45357, #48085, #48481, #49612, #49903 all shipped by 0.27",
+        note="the first line without hybrid P/D caveats (async scheduling, block sizes, zeroer warmup)",
+    ),
+)
+"""Every rule, by range. Contiguous per topic, so any minor in c.VLLM_MINORS gets a complete answer."""
+
+
+@dataclass(frozen=True)
 class VersionRow:
-    """What one vLLM minor version needs for hybrid Mamba2 P/D over NIXL."""
+    """What one vLLM minor needs for hybrid Mamba2 P/D over NIXL: the rules that cover it."""
 
     minor: str
-    needs_no_disable_hybrid_kv_cache_manager: bool
-    """0.20 turns the hybrid KV cache manager off whenever --kv-transfer-config is set; NIXL+Mamba asserts it on."""
-    decode_needs_no_async_scheduling: bool
-    """Async scheduling races RDMA-loaded Mamba state on decode (#37285); fixed in 0.33 (#45357 + #48481)."""
-    kv_both_deprecated: bool
-    """kv_role=kv_both logs a deprecation from 0.25; we never emit it and reject it everywhere."""
-    hetero_tp: Literal["both", "none"]
-    """Heterogeneous TP for Mamba2: `both` = P_TP > D_TP and P_TP < D_TP, when one divides the other."""
-    side_channel_host_in_compile_key: bool
-    """VLLM_NIXL_SIDE_CHANNEL_HOST is hashed into the torch.compile cache key: a new pod IP = a cold compile cache."""
-    ssd_warmup_builtin: bool
-    """vLLM autotunes the Mamba2 SSD kernels at startup (#39822)."""
-    hybrid_prefix_caching_default_on: bool
-    """Hybrid models default to prefix caching ON: --no-enable-prefix-caching is essential."""
-    abort_request_timeout_env: bool
-    """VLLM_NIXL_ABORT_REQUEST_TIMEOUT exists (0.20); later versions use kv_lease_duration."""
+    rules: tuple[VersionRule, ...]
+
+    def has(self, key: str) -> bool:
+        return any(r.key == key for r in self.rules)
+
+    def rule(self, key: str) -> VersionRule:
+        return next(r for r in self.rules if r.key == key)
+
+    def cite(self, key: str) -> str:
+        """`rule <key> (vLLM <range>; <upstream>)`, for injection reasons."""
+        r = self.rule(key)
+        return f"rule {r.key} (vLLM {r.versions}; {r.upstream})"
+
+    @property
+    def needs_no_disable_hybrid_kv_cache_manager(self) -> bool:
+        return self.has("hybrid-kv-cache-manager-flag")
+
+    @property
+    def needs_no_async_scheduling(self) -> bool:
+        return self.has("no-async-scheduling")
+
+    @property
+    def equal_block_size_required(self) -> bool:
+        return self.has("equal-block-size")
+
+    @property
+    def kv_both_deprecated(self) -> bool:
+        return self.has("kv-both-deprecated")
+
+    @property
+    def side_channel_host_in_compile_key(self) -> bool:
+        return self.has("side-channel-host-in-compile-key")
+
+    @property
+    def ssd_warmup_builtin(self) -> bool:
+        return self.has("builtin-ssd-warmup")
 
 
-VERSION_TABLE: Final[dict[str, VersionRow]] = {
-    row.minor: row
-    for row in (
-        VersionRow("0.20", True, True, False, "both", True, False, False, True),
-        VersionRow("0.22", False, True, False, "both", False, True, False, False),
-        VersionRow("0.25", False, True, True, "both", False, True, False, False),
-        VersionRow("0.33", False, False, True, "both", False, True, True, False),
-    )
-}
-SUPPORTED_VERSIONS: Final = tuple(VERSION_TABLE)
+SUPPORTED_RANGE: Final = c.VLLM_RANGE_TEXT
+_VERSION_RE: Final = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_minor(version: str) -> int | None:
+    """`0.25.1` -> 25; None unless it is a 0.<minor>[.<patch>] version."""
+    m = _VERSION_RE.fullmatch(version.strip())
+    return int(m.group(2)) if m and m.group(1) == "0" else None
 
 
 def version_row(version: str) -> VersionRow:
-    """The table row of a version (`0.20.0` -> row `0.20`); SpecError naming spec.vllmVersion if unsupported."""
-    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?(?:[.+-].*)?", version.strip())
-    minor = f"{m.group(1)}.{m.group(2)}" if m else version
-    row = VERSION_TABLE.get(minor)
-    if row is None:
+    """The rules for a version (`0.25.1` -> minor 0.25); SpecError naming spec.vllmVersion outside the table."""
+    minor = parse_minor(version)
+    if minor is None or minor not in c.VLLM_MINORS:
         raise SpecError.one(
             "spec.vllmVersion",
             "supported-vllm-version",
-            f"vLLM {version!r} is not in the version table; supported: "
-            + ", ".join(f"{v}.x" for v in SUPPORTED_VERSIONS),
+            f"vLLM {version!r} is outside the version table: supported are the releases from {SUPPORTED_RANGE} "
+            "(e.g. 0.20.0 or 0.33.0)",
         )
-    return row
+    return VersionRow(minor=f"0.{minor}", rules=tuple(r for r in VERSION_RULES if r.covers(minor)))
+
+
+def image_version_warning(image: str, version: str) -> str | None:
+    """A warning when the image tag names another vLLM release than spec.vllmVersion (None if it agrees or the
+    tag names no version, e.g. a digest or `latest`). Compares the patch only when both give one."""
+    ref = image.split("@", 1)[0]
+    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else ""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?![\d.])", tag)
+    want = _VERSION_RE.fullmatch(version.strip())
+    if m is None or want is None:
+        return None
+    got_v, want_v = m.groups(), want.groups()
+    same = got_v[:2] == want_v[:2] and (got_v[2] is None or want_v[2] is None or got_v[2] == want_v[2])
+    if same:
+        return None
+    return (
+        f"spec.image {image!r} is tagged {tag!r} but spec.vllmVersion is {version!r}: the flags follow the version "
+        "table for spec.vllmVersion; set spec.vllmVersion to the image's vLLM release (or use an image of that release)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,6 +374,10 @@ class Profile(_Frozen):
     ssd_chunk_size: int | None
     prefill: RoleProfile
     decode: RoleProfile
+    warnings: tuple[str, ...] = ()
+    """Accepted but risky settings: shown in the Ready condition's message and posted once as a Warning Event."""
+    rules: tuple[VersionRuleStatus, ...] = ()
+    """The version-table rules that applied (hybrid-only rules only for hybrid models)."""
 
     def role(self, role: contract.Role) -> RoleProfile:
         return self.prefill if role == "prefill" else self.decode
@@ -186,7 +389,14 @@ class Profile(_Frozen):
             for rp in (self.prefill, self.decode)
             for i in rp.injections
         ]
-        ps = ProfileStatus(vllm_version=self.vllm_version, version_row=self.row, hybrid=self.hybrid, injections=inj)
+        ps = ProfileStatus(
+            vllm_version=self.vllm_version,
+            version_row=self.row,
+            hybrid=self.hybrid,
+            injections=inj,
+            rules=list(self.rules),
+            warnings=list(self.warnings),
+        )
         return ps.model_dump(by_alias=True, exclude_none=True)
 
 
@@ -235,25 +445,15 @@ def _check_tp(
     out: list[SpecViolation],
 ) -> None:
     p, d = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
-    if p != d:
-        if hybrid and row.hetero_tp == "none":
-            out.append(
-                SpecViolation(
-                    "spec.decode.tensorParallelSize",
-                    "tp-homogeneous",
-                    f"vLLM {row.minor} needs the same TP on prefill and decode for hybrid models "
-                    f"(prefill {p}, decode {d})",
-                )
+    if p % d and d % p:  # hetero TP itself is allowed in every version (rule hetero-tp-mamba2)
+        out.append(
+            SpecViolation(
+                "spec.decode.tensorParallelSize",
+                "tp-divides",
+                f"prefill TP {p} and decode TP {d} must divide one another "
+                f"(valid decode sizes for prefill {p}: " + ", ".join(str(x) for x in _divisible_partners(p)) + ")",
             )
-        elif p % d and d % p:
-            out.append(
-                SpecViolation(
-                    "spec.decode.tensorParallelSize",
-                    "tp-divides",
-                    f"prefill TP {p} and decode TP {d} must divide one another "
-                    f"(valid decode sizes for prefill {p}: " + ", ".join(str(x) for x in _divisible_partners(p)) + ")",
-                )
-            )
+        )
     if cfg is None:
         return
     top = max(p, d)
@@ -262,15 +462,16 @@ def _check_tp(
         for n, what in ((cfg.num_key_value_heads, "KV heads"), (cfg.mamba_n_groups, "Mamba groups"))
         if n is not None and top > n
     ]
-    if hybrid and p != d and spec.block_size is None and replicated:
+    if hybrid and p != d and spec.block_size is None and replicated and row.equal_block_size_required:
         out.append(
             SpecViolation(
                 "spec.blockSize",
                 "block-size-required-for-replicated-heads",
                 f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
-                "replicated, so vLLM's own attention block size differs between the roles and NIXL rejects the "
-                "pair; set spec.blockSize (a multiple of 16) to at least the larger 'Setting attention block size' "
-                "value vLLM logs for the two TP sizes",
+                "replicated, so vLLM's own attention block size differs between the roles and vLLM "
+                f"{row.minor} rejects the pair ({row.cite('equal-block-size')}); set spec.blockSize (a multiple of "
+                "16) to at least the larger 'Setting attention block size' value vLLM logs for the two TP sizes, "
+                "or use vLLM 0.27+",
             )
         )
     for role in contract.ROLES:
@@ -324,6 +525,7 @@ def _divisible_partners(p: int) -> list[int]:
 
 
 def _check_args(args: list[str], field: str, hybrid: bool, out: list[SpecViolation]) -> None:
+    kv_both = next(r for r in VERSION_RULES if r.key == "kv-both-deprecated")
     for i, arg in enumerate(args):
         flag = c.normalize_flag(arg)
         if flag is not None and flag in c.DENIED_FLAGS:
@@ -337,7 +539,7 @@ def _check_args(args: list[str], field: str, hybrid: bool, out: list[SpecViolati
                     f"{field}[{i}]",
                     "no-kv-both",
                     "kv_role kv_both is not used for P/D (prefill is kv_producer, decode is "
-                    "kv_consumer; kv_both is deprecated from vLLM 0.25)",
+                    f"kv_consumer; kv_both is deprecated from vLLM 0.{kv_both.first}, {kv_both.upstream})",
                 )
             )
 
@@ -369,12 +571,19 @@ def _role_profile(
     ]
     host_reason = "NIXL side channel binds and advertises this address: the pod IP (not 0.0.0.0, not localhost)"
     if row.side_channel_host_in_compile_key:
-        host_reason += f"; vLLM {row.minor} hashes it into the compile-cache key, so a new pod IP recompiles"
+        host_reason += (
+            f"; vLLM {row.minor} hashes it into the compile-cache key, so a new pod IP recompiles "
+            f"[{row.cite('side-channel-host-in-compile-key')}]"
+        )
     add(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, "status.podIP", host_reason)
     add(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, str(port), "NIXL side-channel base port from spec.kvTransfer")
     if hybrid:
         env.append(EnvEntry(name=contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, value="DS"))
-        add(contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, "DS", "NIXL asserts the DS conv-state layout for Mamba models")
+        add(
+            contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT,
+            "DS",
+            f"NIXL asserts the DS conv-state layout for Mamba models [{row.cite('ds-conv-state-layout')}]",
+        )
     ucx = spec.kv_transfer.ucx
     if ucx is not None and ucx.tls:
         env.append(EnvEntry(name="UCX_TLS", value=ucx.tls))
@@ -441,35 +650,43 @@ def _role_profile(
         "--kv-transfer-config",
         kv_json,
         f"NIXL P/D: {role} is {KV_ROLES[role]} (never kv_both"
-        + (f", deprecated in vLLM {row.minor})" if row.kv_both_deprecated else ")"),
+        + (f", deprecated in vLLM {row.minor} [{row.cite('kv-both-deprecated')}])" if row.kv_both_deprecated else ")"),
     )
     if hybrid:
         args.append("--no-enable-prefix-caching")
-        reason = "prefix caching with hybrid P/D crashes decode on Mamba state (SSM can only have one local block)"
-        if row.hybrid_prefix_caching_default_on:
-            reason += f"; vLLM {row.minor} turns it ON by default for hybrid models"
-        add("--no-enable-prefix-caching", "", reason)
+        add(
+            "--no-enable-prefix-caching",
+            "",
+            "prefix caching with hybrid P/D crashes decode on Mamba state (SSM can only have one local block); "
+            "vLLM may turn it on for hybrid models by itself (0.20: NemotronH mamba_cache_mode='all'; 0.33: on)",
+        )
         if row.needs_no_disable_hybrid_kv_cache_manager:
             args.append("--no-disable-hybrid-kv-cache-manager")
             add(
                 "--no-disable-hybrid-kv-cache-manager",
                 "",
                 f"vLLM {row.minor} turns the hybrid KV cache manager off when --kv-transfer-config is set; "
-                "NIXL with Mamba requires it",
+                f"NIXL with Mamba requires it [{row.cite('hybrid-kv-cache-manager-flag')}]",
             )
-        if role == "decode" and row.decode_needs_no_async_scheduling:
+        if row.needs_no_async_scheduling and (role == "decode" or tp > 1):
             args.append("--no-async-scheduling")
+            where = "decode" if role == "decode" else f"prefill at TP {tp}"
             add(
                 "--no-async-scheduling",
                 "",
-                f"vLLM {row.minor}: async scheduling can overwrite RDMA-loaded Mamba state on decode (#37285)",
+                f"vLLM {row.minor} on {where}: async scheduling races RDMA-loaded Mamba/KV state "
+                f"[{row.cite('no-async-scheduling')}]",
             )
     if chunk is not None:
         add(
             contract.ENV_SSD_CHUNK_SIZE,
             str(chunk),
             "warmup covers prompts shorter and longer than the SSD chunk"
-            + ("" if row.ssd_warmup_builtin else f" (vLLM {row.minor} does not autotune SSD kernels at startup)"),
+            + (
+                f" (vLLM {row.minor} autotunes seqlen = chunk_size only [{row.cite('builtin-ssd-warmup')}])"
+                if row.ssd_warmup_builtin
+                else f" (vLLM {row.minor} does not autotune SSD kernels at startup [{row.cite('no-builtin-ssd-warmup')}])"
+            ),
         )
     if spec.model.source is not None and spec.model.source.huggingface is not None:
         rev = spec.model.source.huggingface.revision
@@ -513,7 +730,10 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
         raise SpecError(problems)
     model = model_path(spec)
     chunk = cfg.ssd_chunk_size if cfg is not None else None
+    tag_warning = image_version_warning(spec.image or c.vllm_image(version), version)
+    warnings = (tag_warning,) if tag_warning else ()
     return Profile(
+        warnings=warnings,
         vllm_version=version,
         row=row.minor,
         hybrid=hybrid,
@@ -523,4 +743,9 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
         ssd_chunk_size=chunk,
         prefill=_role_profile(spec, "prefill", row=row, hybrid=hybrid, model=model, chunk=chunk),
         decode=_role_profile(spec, "decode", row=row, hybrid=hybrid, model=model, chunk=chunk),
+        rules=tuple(
+            VersionRuleStatus(rule=r.key, versions=r.versions, upstream=r.upstream, note=r.note)
+            for r in row.rules
+            if hybrid or not r.hybrid_only
+        ),
     )

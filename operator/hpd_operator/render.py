@@ -35,7 +35,7 @@ PROFILE_KIND = "HybridPDProfile"
 def parse_cr(
     obj: dict[str, Any],
     *,
-    vllm_image: str = c.DEFAULT_VLLM_IMAGE,
+    vllm_image: str = c.VLLM_IMAGE_TEMPLATE,
     router_image: str = c.DEFAULT_ROUTER_IMAGE,
     pod_monitor_labels: Mapping[str, str] | None = None,
 ) -> HybridPDDeployment:
@@ -46,7 +46,8 @@ def parse_cr(
         cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
         raise SpecError.from_validation_error(err, prefix="") from None
-    cr = with_default_images(cr, vllm_image=vllm_image, router_image=router_image)
+    image_set = isinstance(obj.get("spec"), dict) and obj["spec"].get("image") is not None
+    cr = with_default_images(cr, vllm_image=vllm_image, router_image=router_image, image_set=image_set)
     return with_default_pod_monitor_labels(cr, pod_monitor_labels or {})
 
 

@@ -44,7 +44,7 @@ class OperatorConfig:
     metrics_port: int = METRICS_PORT_DEFAULT
     liveness_port: int = LIVENESS_PORT_DEFAULT
     resync_seconds: float = RESYNC_SECONDS_DEFAULT
-    vllm_image: str = c.DEFAULT_VLLM_IMAGE
+    vllm_image: str = c.VLLM_IMAGE_TEMPLATE
     router_image: str = c.DEFAULT_ROUTER_IMAGE
     pod_monitor_labels: tuple[tuple[str, str], ...] = ()
     """Labels on every CR's PodMonitors (the chart's podMonitors.labels, e.g. release: kube-prometheus-stack)."""

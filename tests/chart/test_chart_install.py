@@ -65,7 +65,8 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
         assert dep.status.ready_replicas == 1 and dep.spec.template.spec.service_account_name == full
         assert core.read_namespaced_service_account(full, ns) and core.read_namespaced_service(f"{full}-metrics", ns)
         kinds = ["ClusterRole", "ClusterRoleBinding"] if scope == "cluster" else ["Role", "RoleBinding"]
-        assert rbac_objects(api_client, release, ns) == sorted(f"{k}/{full}" for k in kinds)
+        nodes = [f"ClusterRole/{full}-nodes", f"ClusterRoleBinding/{full}-nodes"]  # rbac.readNodes, both scopes
+        assert rbac_objects(api_client, release, ns) == sorted([*(f"{k}/{full}" for k in kinds), *nodes])
 
         # A bad value fails at upgrade with the schema's message, and the release stays as it was.
         bad = helm.run("upgrade", release, str(CHART), "-n", ns, "--set", "rbac.scope=everything",

@@ -41,6 +41,8 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "ClusterRole",  # -nodes: nodes list (rbac.readNodes)
+            "ClusterRoleBinding",
             "Service",
             "Deployment",
         ]
@@ -67,13 +69,13 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
         "--liveness-port=8080",
         "--metrics-port=9090",
         "--resync-seconds=10",
-        f"--vllm-image={c.DEFAULT_VLLM_IMAGE}",
+        f"--vllm-image={c.VLLM_IMAGE_TEMPLATE}",
         f"--router-image={c.DEFAULT_ROUTER_IMAGE}",
     ]  # no --namespace: every namespace
     svc = find(docs, "Service", "hpd-hybrid-pd-operator-metrics")
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    crb = find(docs, "ClusterRoleBinding")
+    crb = find(docs, "ClusterRoleBinding", "hpd-hybrid-pd-operator")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "hpd-hybrid-pd-operator", "namespace": "hpd-system"}]
     crd = find(docs, "CustomResourceDefinition", CRD_NAME)
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
@@ -81,7 +83,8 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
 
 def test_all_toggles_render_namespaced_rbac_only_in_watched_namespaces(helm: Helm) -> None:
     docs = helm.template("-f", str(ALL_TOGGLES))
-    assert "ClusterRole" not in kinds(docs) and "ClusterRoleBinding" not in kinds(docs)
+    cluster_scoped = [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert cluster_scoped == ["hpd-op-nodes"] * 2  # only the nodes read (rbac.readNodes; fullnameOverride hpd-op)
     roles = sorted((d["metadata"]["namespace"], d["kind"]) for d in docs if d["kind"] in ("Role", "RoleBinding"))
     assert roles == [("team-a", "Role"), ("team-a", "RoleBinding"), ("team-b", "Role"), ("team-b", "RoleBinding")]
     for rb in (d for d in docs if d["kind"] == "RoleBinding"):
@@ -103,11 +106,15 @@ def test_namespace_scope_without_watch_list_watches_the_release_namespace(helm: 
         ("RoleBinding", "ml-serving"),
     ]
     assert "--namespace=ml-serving" in container(docs)["args"]
-    assert not [d for d in docs if d["kind"].startswith("Cluster")]
+    assert [d["metadata"]["name"] for d in docs if d["kind"].startswith("Cluster")] == [
+        "hpd-hybrid-pd-operator-nodes"
+    ] * 2
+    no_nodes = helm.template("--set", "rbac.scope=namespace", "--set", "rbac.readNodes=false", namespace="ml-serving")
+    assert not [d for d in no_nodes if d["kind"].startswith("Cluster")]
 
 
 def test_the_same_rules_in_both_scopes(helm: Helm) -> None:
-    cluster = find(helm.template(), "ClusterRole")["rules"]
+    cluster = find(helm.template(), "ClusterRole", "hpd-hybrid-pd-operator")["rules"]
     namespaced = find(helm.template("--set", "rbac.scope=namespace"), "Role")["rules"]
     assert cluster == namespaced
     granted = {
@@ -118,6 +125,8 @@ def test_the_same_rules_in_both_scopes(helm: Helm) -> None:
     assert not [x for x in granted if x[1] == "pods" and x[2] not in ("get", "list", "watch")]
     assert not [x for x in granted if x[1] in ("secrets", "configmaps", "nodes", "namespaces")]
     assert ("", "events", "create") in granted
+    nodes = find(helm.template(), "ClusterRole", "hpd-hybrid-pd-operator-nodes")["rules"]
+    assert nodes == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     assert ("hybridpd.io", "hybridpddeployments/finalizers", "update") in granted
 
 
@@ -140,7 +149,7 @@ def test_app_version_is_the_operator_version_and_image_defaults_are_the_operator
     assert chart["appVersion"] == project["version"]
     v = values()
     assert v["image"]["repository"] == "ghcr.io/hybridpd/hybrid-pd-operator" and v["image"]["tag"] == ""
-    assert v["images"] == {"vllm": c.DEFAULT_VLLM_IMAGE, "router": c.DEFAULT_ROUTER_IMAGE}
+    assert v["images"] == {"vllm": c.VLLM_IMAGE_TEMPLATE, "router": c.DEFAULT_ROUTER_IMAGE}
 
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][\w.-]*):")

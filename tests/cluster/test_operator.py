@@ -79,7 +79,7 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert arg(args, "--max-model-len") == "8192"
         assert "--no-enable-prefix-caching" in args
         assert "--no-disable-hybrid-kv-cache-manager" in args
-        assert ("--no-async-scheduling" in args) == (role == "decode")
+        assert "--no-async-scheduling" in args  # vLLM 0.20: decode, and prefill at TP 2 (#36687)
         assert env[contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT] == "DS"
         assert env[contract.ENV_POD_IP].field_ref.field_path == "status.podIP"
         assert env[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST] == f"$({contract.ENV_POD_IP})"
@@ -345,3 +345,44 @@ def test_operator_killed_mid_reconcile_converges_without_orphans(
     assert children(api_client, ns, name) == expected(name)
     rs = client.AppsV1Api(api_client).list_namespaced_replica_set(ns).items
     assert len([r for r in rs if (r.spec.replicas or 0) > 0]) == 3
+
+
+def test_vllm_version_outside_the_table_is_refused_by_the_apiserver_naming_the_range(
+    crd: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    doc = seed("too-old")
+    doc["spec"]["vllmVersion"] = "0.19.0"
+    with pytest.raises(client.ApiException) as ei:
+        create(api_client, namespace, doc)
+    assert ei.value.status == 422
+    assert "spec.vllmVersion must be a vLLM release from 0.20 to 0.33" in str(ei.value.body)
+
+
+def test_image_tag_naming_another_vllm_release_is_a_warning_not_a_rejection(
+    operator: Operator, api_client: client.ApiClient, namespace: str
+) -> None:
+    ns, name = namespace, "tagged"
+    doc = seed(name)
+    doc["spec"]["image"] = "ghcr.io/hybridpd/vllm-runtime:0.25.1"  # the spec still says vllmVersion 0.20.0
+    create(api_client, ns, doc)
+    cr = wait_ready(api_client, ns, name)  # applied: the flags follow spec.vllmVersion
+    (warning,) = cr["status"]["profile"]["warnings"]
+    assert "0.25.1" in warning and "0.20.0" in warning
+    assert warning in cond(cr, "Ready")["message"]
+    assert "--no-disable-hybrid-kv-cache-manager" in list(
+        container_of(deployment(api_client, ns, f"{name}-decode")).args
+    )
+    assert {r["rule"] for r in cr["status"]["profile"]["rules"]} >= {"no-async-scheduling", "equal-block-size"}
+
+    def event() -> bool:
+        evs = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+        return any(e.type == "Warning" and e.reason == "RiskySpec" and "0.25.1" in e.message for e in evs)
+
+    wait_for(event, T, what="RiskySpec Event")
+    # the image follows the version when only the version is set: no warning
+    patch_spec(api_client, ns, name, {"image": None, "vllmVersion": "0.25.1"})
+    cr = wait_cr(api_client, ns, name, lambda c: c["status"]["profile"].get("vllmVersion") == "0.25.1", "0.25.1")
+    assert cr["status"]["profile"].get("warnings", []) == []
+    dep = deployment(api_client, ns, f"{name}-decode")
+    assert container_of(dep).image == "ghcr.io/hybridpd/vllm-runtime:0.25.1"
+    assert "--no-disable-hybrid-kv-cache-manager" not in list(container_of(dep).args)

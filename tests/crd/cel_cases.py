@@ -38,6 +38,11 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         "set only one of",
     ),
     ("unknown-field", {"model": M, "bogus": 1}, 'unknown field "spec.bogus"'),
+    (
+        "vllm-version-outside-table",
+        {"model": M, "vllmVersion": "0.19.0"},
+        "spec.vllmVersion must be a vLLM release from 0.20 to 0.33",
+    ),
 ]
 
 GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [

@@ -79,7 +79,8 @@ def test_decode_gets_kv_consumer_role_and_no_async_scheduling() -> None:
     p = container(by(objs, "Deployment", "nemotron-3-nano-prefill"))
     kv = lambda c: json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])  # noqa: E731
     assert kv(d)["kv_role"] == "kv_consumer" and kv(p)["kv_role"] == "kv_producer"
-    assert "--no-async-scheduling" in d["args"] and "--no-async-scheduling" not in p["args"]
+    # vLLM 0.20: decode always; the seed's prefill too, since its TP is 2 (#36687; rule no-async-scheduling)
+    assert "--no-async-scheduling" in d["args"] and "--no-async-scheduling" in p["args"]
     assert env(d)[contract.ENV_PREFILL_SERVICE] == "nemotron-3-nano-prefill.ns1.svc"
     assert contract.ENV_PREFILL_SERVICE not in env(p)
 

@@ -9,7 +9,7 @@ import pytest
 
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import KNOWN_MODELS, VERSION_TABLE, compute_profile, version_row
+from hpd_operator.profile import KNOWN_MODELS, compute_profile
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
 
@@ -27,61 +27,6 @@ def rules(err: SpecError) -> set[tuple[str, str]]:
 
 def kv_config(args: tuple[str, ...]) -> dict[str, str]:
     return dict(json.loads(args[args.index("--kv-transfer-config") + 1]))
-
-
-# --- version table ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("version", "hma_flag", "decode_no_async", "compile_key_note", "ssd_builtin", "prefix_default_on"),
-    [
-        ("0.20.0", True, True, True, False, False),
-        ("0.22.0", False, True, False, True, False),
-        ("0.25.0", False, True, False, True, False),
-        ("0.33.0", False, False, False, True, True),
-    ],
-)
-def test_version_row(
-    version: str,
-    *,
-    hma_flag: bool,
-    decode_no_async: bool,
-    compile_key_note: bool,
-    ssd_builtin: bool,
-    prefix_default_on: bool,
-) -> None:
-    p = compute_profile(spec(vllmVersion=version))
-    row = version_row(version)
-    assert row.hetero_tp == "both"
-    assert ("--no-disable-hybrid-kv-cache-manager" in p.prefill.args) is hma_flag
-    assert ("--no-disable-hybrid-kv-cache-manager" in p.decode.args) is hma_flag
-    assert ("--no-async-scheduling" in p.decode.args) is decode_no_async
-    assert "--no-async-scheduling" not in p.prefill.args
-    assert "--no-enable-prefix-caching" in p.prefill.args and "--no-enable-prefix-caching" in p.decode.args
-    assert row.side_channel_host_in_compile_key is compile_key_note
-    host = next(i for i in p.prefill.injections if i.setting == "VLLM_NIXL_SIDE_CHANNEL_HOST")
-    assert ("compile-cache key" in host.reason) is compile_key_note
-    assert row.ssd_warmup_builtin is ssd_builtin
-    prefix = next(i for i in p.decode.injections if i.setting == "--no-enable-prefix-caching")
-    assert ("ON by default" in prefix.reason) is prefix_default_on
-    assert "kv_both" not in " ".join(p.prefill.args + p.decode.args)
-
-
-def test_version_table_has_exactly_the_supported_rows() -> None:
-    assert set(VERSION_TABLE) == {"0.20", "0.22", "0.25", "0.33"}
-
-
-@pytest.mark.parametrize(
-    ("version", "row"), [("0.20.0", "0.20"), ("0.20.2", "0.20"), ("0.33", "0.33"), ("0.25.1", "0.25")]
-)
-def test_patch_versions_map_to_their_minor_row(version: str, row: str) -> None:
-    assert version_row(version).minor == row
-
-
-@pytest.mark.parametrize("version", ["0.19.0", "0.21.0", "1.0.0"])
-def test_unsupported_version_names_spec_vllm_version(version: str) -> None:
-    with pytest.raises(SpecError) as ei:
-        compute_profile(spec(vllmVersion=version))
-    assert ei.value.field == "spec.vllmVersion"
-    assert "0.20.x" in ei.value.message
 
 
 # --- env and args -------------------------------------------------------------------------------------------------

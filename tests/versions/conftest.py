@@ -1,4 +1,5 @@
-"""The `vllm_parser` tier: needs the test-only venv made by hack/vllm-parser-env.sh (about 5.5 GB, 2 min cold).
+"""The `vllm_parser` tier: needs the test-only venvs made by `hack/vllm-parser-env.sh --all` (vLLM 0.20.0, 0.25.1,
+0.27.1, 0.33.0: about 14 GB on disk together and 7 min cold; hack/test.sh makes them).
 
 It is deselected unless asked for (`-m vllm_parser` or HPD_VLLM_PARSER=1), so a plain `pytest` stays fast; once
 selected, a missing venv FAILS (never skips) with the setup command in the message.

@@ -1,11 +1,18 @@
-"""Version truth test: the argv compute_profile generates is accepted by that vLLM version's OWN parser.
+"""Version truth test: the argv compute_profile generates is accepted by each vLLM version's OWN parser.
 
-Setup (once, outside the repo): `hack/vllm-parser-env.sh 0.20.0` -> ~/.cache/hybrid-pd/vllm-parser-0.20.0.
-Run: `pytest -m vllm_parser tests/versions` (or HPD_VLLM_PARSER=1). Other versions: HPD_VLLM_PARSER_VERSIONS=0.20.0,0.33.0
+For every example under examples/ and the bench CR (bench/gpu/run.py's sample spec: eager, compile, and the
+heterogeneous-TP fixed-weights variant), each with spec.vllmVersion set to each version below, both roles' argv are
+parsed by the real `vllm serve` parser of that version, and the parsed engine settings must be what the argv says
+(and what the version rules require: the HMA flag through 0.21, --no-async-scheduling through 0.25).
+
+Setup (once, outside the repo): `hack/vllm-parser-env.sh --all` -> ~/.cache/hybrid-pd/vllm-parser-<version>.
+Run: `pytest -m vllm_parser tests/versions` (or HPD_VLLM_PARSER=1). A subset: HPD_VLLM_PARSER_VERSIONS=0.20.0,0.33.0
+One parser process per version parses every argv (importing vLLM + torch is the slow part).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -16,16 +23,45 @@ from typing import Any
 import pytest
 import yaml
 
-from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.profile import compute_profile
+from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.profile import Profile, compute_profile, parse_minor
 
 REPO = Path(__file__).resolve().parents[2]
 PARSE = Path(__file__).with_name("vllm_parse.py")
-SEED = REPO / "examples" / "nemotron-3-nano.yaml"
-HETERO = REPO / "examples" / "heterogeneous-tp.yaml"
-VERSIONS = os.environ.get("HPD_VLLM_PARSER_VERSIONS", "0.20.0").split(",")
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+ALL_VERSIONS = ("0.20.0", "0.25.1", "0.27.1", "0.33.0")
+"""One per side of the rule boundaries that change argv (HMA flag <= 0.21, no-async <= 0.25, block sizes <= 0.26);
+keep in step with PARSER_VERSIONS in hack/vllm-parser-env.sh."""
+VERSIONS = tuple(os.environ.get("HPD_VLLM_PARSER_VERSIONS", ",".join(ALL_VERSIONS)).split(","))
+HMA = "--no-disable-hybrid-kv-cache-manager"
+NO_ASYNC = "--no-async-scheduling"
+BAD_ARGVS = {
+    "unknown-flag": ["--model", "x/y", "--no-such-flag"],
+    "unknown-kv-key": ["--model", "x/y", "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_producer","bogus":1}'],
+}  # fmt: skip
+"""The harness itself can fail: argvs every version must reject."""
 
 pytestmark = pytest.mark.vllm_parser
+
+sys.path.insert(0, str(REPO / "bench" / "gpu"))
+import run as bench  # noqa: E402
+
+
+def _specs(version: str) -> dict[str, dict[str, Any]]:
+    """Every CR spec the truth test covers, as raw dicts with spec.vllmVersion set to `version`."""
+    out = {f"examples/{p.name}": dict(yaml.safe_load(p.read_text())["spec"]) for p in EXAMPLES}
+    model_dir = Path("/models/tiny-nemotron-h")
+    out["bench eager"] = bench.sample_spec(model_dir, "eager")
+    out["bench compile"] = bench.sample_spec(model_dir, "compile")
+    out["bench hetero p2d1 fixed"] = bench.sample_spec(model_dir, "compile", (2, 1), "fixed")
+    return {case: {**s, "vllmVersion": version} for case, s in out.items()}
+
+
+CASES = tuple(_specs(ALL_VERSIONS[0]))
+
+
+def profile_for(version: str, case: str) -> Profile:
+    return compute_profile(HybridPDDeploymentSpec.model_validate(_specs(version)[case]))
 
 
 def parser_python(version: str) -> Path:
@@ -36,65 +72,98 @@ def parser_python(version: str) -> Path:
     venv = root / f"vllm-parser-{version}"
     py = venv / "bin" / "python"
     if not (venv / ".hpd-complete").exists() or not py.exists():
-        pytest.fail(f"vLLM {version} parser venv missing at {venv}: run `hack/vllm-parser-env.sh {version}` first")
+        pytest.fail(
+            f"vLLM {version} parser venv missing at {venv}: run `hack/vllm-parser-env.sh {version}` "
+            "(or `hack/vllm-parser-env.sh --all`) first; hack/test.sh does"
+        )
     return py
 
 
-def parse(version: str, argv: list[str]) -> dict[str, Any]:
+@functools.cache
+def parsed(version: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """(case, role) -> what vLLM `version`'s parser made of the argv; one parser process for all of them."""
+    keys: list[tuple[str, str]] = []
+    argvs: list[list[str]] = []
+    for case in CASES:
+        p = profile_for(version, case)
+        for role in ("prefill", "decode"):
+            keys.append((case, role))
+            argvs.append(list(p.role(role).args))  # type: ignore[arg-type]
+    for name, argv in BAD_ARGVS.items():
+        keys.append((name, "bad"))
+        argvs.append(argv)
     proc = subprocess.run(
         [str(parser_python(version)), str(PARSE)],
-        input=json.dumps(argv),
+        input=json.dumps(argvs),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
-    assert proc.returncode == 0, f"vLLM {version} rejected {argv}:\n{proc.stderr[-3000:]}"
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert proc.returncode == 0, f"vLLM {version} parser harness failed:\n{proc.stderr[-3000:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["vllm_version"] == version, f"venv for {version} holds vLLM {out['vllm_version']}"
+    return dict(zip(keys, out["results"], strict=True))
+
+
+def _value(args: tuple[str, ...], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_seed_argv_parses_with_vllms_own_parser(version: str, role: str) -> None:
-    cr = HybridPDDeployment.model_validate(yaml.safe_load(SEED.read_text()))
-    spec = cr.spec.model_copy(update={"vllm_version": version})
-    rp = compute_profile(spec).role(role)  # type: ignore[arg-type]
-    got = parse(version, list(rp.args))
-    assert got["vllm_version"] == version
-    assert got["tensor_parallel_size"] == 2
-    assert got["block_size"] is None  # no --block-size: vLLM picks the Mamba-aligned size itself
-    assert got["max_model_len"] == 8192
-    assert got["gpu_memory_utilization"] == pytest.approx(0.85)
-    assert got["enable_prefix_caching"] is False
-    assert got["kv_connector"] == "NixlConnector"
-    assert got["kv_role"] == ("kv_producer" if role == "prefill" else "kv_consumer")
-    if version.startswith("0.20"):
-        assert got["disable_hybrid_kv_cache_manager"] is False
-    if role == "decode" and not version.startswith("0.33"):
-        assert got["async_scheduling"] is False
-
-
-def test_parser_rejects_an_unknown_flag() -> None:
-    """The harness itself can fail: an unknown flag exits 2."""
-    proc = subprocess.run(
-        [str(parser_python(VERSIONS[0])), str(PARSE)],
-        input=json.dumps(["--no-such-flag"]),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
+@pytest.mark.parametrize("case", CASES)
+def test_generated_argv_parses_as_intended(version: str, case: str) -> None:
+    prof = profile_for(version, case)
+    minor = parse_minor(version)
+    assert minor is not None
+    for role in ("prefill", "decode"):
+        rp = prof.role(role)  # type: ignore[arg-type]
+        args = rp.args
+        got = parsed(version)[(case, role)]
+        assert got["ok"], f"vLLM {version} rejected {case} {role}: {got.get('error')}\nargv: {list(args)}"
+        where = f"{case} {role} on {version}"
+        assert got["model"] == prof.model, where
+        assert got["tensor_parallel_size"] == rp.tensor_parallel_size, where
+        block = _value(args, "--block-size")
+        assert got["block_size"] == (int(block) if block else None), where
+        mml = _value(args, "--max-model-len")
+        assert got["max_model_len"] == (int(mml) if mml else None), where
+        assert got["kv_connector"] == "NixlConnector", where
+        assert got["kv_role"] == ("kv_producer" if role == "prefill" else "kv_consumer"), where
+        if prof.hybrid:
+            assert got["enable_prefix_caching"] is False, where
+            # the version rules, as vLLM itself read them
+            assert (HMA in args) is (minor <= 21), where
+            if minor <= 21:
+                assert got["disable_hybrid_kv_cache_manager"] is False, where
+            wants_sync = minor <= 25 and (role == "decode" or rp.tensor_parallel_size > 1)
+            assert (NO_ASYNC in args) is wants_sync, where
+            if wants_sync:
+                assert got["async_scheduling"] is False, where
+        if "--enforce-eager" in args:
+            assert got["enforce_eager"] is True, where
+        if _value(args, "--load-format") == "dummy":
+            assert "dummy" in got["load_format"].lower(), where
+        if _value(args, "--gpu-memory-utilization"):
+            assert got["gpu_memory_utilization"] == pytest.approx(float(_value(args, "--gpu-memory-utilization") or 0))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_hetero_example_block_size_parses_on_both_roles(version: str) -> None:
-    """The heterogeneous-TP example must set one explicit block size (its TP 4 replicates Nano's KV heads)."""
-    cr = HybridPDDeployment.model_validate(yaml.safe_load(HETERO.read_text()))
-    profile = compute_profile(cr.spec.model_copy(update={"vllm_version": version}))
-    got = {role: parse(version, list(profile.role(role).args)) for role in ("prefill", "decode")}
-    assert got["prefill"]["block_size"] == got["decode"]["block_size"] == 4096
-    assert (got["prefill"]["tensor_parallel_size"], got["decode"]["tensor_parallel_size"]) == (4, 2)
+@pytest.mark.parametrize("bad", sorted(BAD_ARGVS))
+def test_parser_rejects_what_vllm_rejects(version: str, bad: str) -> None:
+    """The harness itself can fail: an unknown flag exits 2, an unknown kv-transfer key is a validation error."""
+    got = parsed(version)[(bad, "bad")]
+    assert got["ok"] is False, got
+    if bad == "unknown-flag":
+        assert got["exit"] == 2 and "--no-such-flag" in got["error"]
+    else:
+        assert "bogus" in got["error"]
+
+
+def test_every_example_and_the_bench_cr_are_covered() -> None:
+    assert len(EXAMPLES) >= 3 and {f"examples/{p.name}" for p in EXAMPLES} <= set(CASES)
+    assert sum(c.startswith("bench") for c in CASES) == 3
+    assert set(ALL_VERSIONS) <= set(VERSIONS) or "HPD_VLLM_PARSER_VERSIONS" in os.environ
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,20 +1,24 @@
-"""Parse a `vllm serve` argv with vLLM's own parser; runs INSIDE the test-only venv (hack/vllm-parser-env.sh).
+"""Parse `vllm serve` argvs with vLLM's own parser; runs INSIDE the test-only venv (hack/vllm-parser-env.sh).
 
-    <venv>/bin/python tests/versions/vllm_parse.py < argv.json      # argv without the leading "vllm serve"
+    <venv>/bin/python tests/versions/vllm_parse.py < argvs.json      # a JSON list of argvs, without "vllm serve"
 
-Prints one JSON object with the parsed engine settings the profile cares about. Exit 2 on a parser error
-(argparse's own exit code, with its message on stderr). No GPU: the CPU platform is forced first, because
-vLLM cannot infer a device otherwise (shared/reference/vllm-argparse-on-cpu.md).
+Prints one JSON list, one object per argv, in order: the parsed engine settings the profile cares about and
+`"ok": true`, or `"ok": false` with argparse's exit code and message (an unknown flag exits 2). One process parses
+them all: importing vLLM and torch is the slow part (about a minute on a busy 2-core machine). No GPU: the CPU
+platform is forced first, because vLLM cannot infer a device otherwise (shared/reference/vllm-argparse-on-cpu.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
+from typing import Any
 
 
 def main() -> int:
-    argv = json.load(sys.stdin)
+    argvs = json.load(sys.stdin)
     from vllm import platforms
     from vllm.platforms.cpu import CpuPlatform
 
@@ -31,28 +35,42 @@ def main() -> int:
         )
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser())
-    args = parser.parse_args(argv)
-    validate_parsed_serve_args(args)
-    engine = AsyncEngineArgs.from_cli_args(args)
-    kv = engine.kv_transfer_config
-    out = {
-        "vllm_version": __import__("vllm").__version__,
-        "model": engine.model,
-        "served_model_name": engine.served_model_name,
-        "port": args.port,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-        "block_size": engine.block_size,
-        "max_model_len": engine.max_model_len,
-        "dtype": engine.dtype,
-        "gpu_memory_utilization": engine.gpu_memory_utilization,
-        "enable_prefix_caching": engine.enable_prefix_caching,
-        "disable_hybrid_kv_cache_manager": engine.disable_hybrid_kv_cache_manager,
-        "async_scheduling": engine.async_scheduling,
-        "kv_connector": getattr(kv, "kv_connector", None),
-        "kv_role": getattr(kv, "kv_role", None),
-        "kv_load_failure_policy": getattr(kv, "kv_load_failure_policy", None),
-    }
+    def parse(argv: list[str]) -> dict[str, Any]:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+                validate_parsed_serve_args(args)
+                engine = AsyncEngineArgs.from_cli_args(args)
+        except SystemExit as e:
+            return {"ok": False, "exit": e.code, "error": err.getvalue()[-3000:]}
+        except Exception as e:  # a validation error is a result to report, not a crash
+            return {"ok": False, "exit": None, "error": f"{type(e).__name__}: {e}"[-3000:]}
+        kv = engine.kv_transfer_config
+        return {
+            "ok": True,
+            "model": engine.model,
+            "served_model_name": engine.served_model_name,
+            "port": args.port,
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "block_size": engine.block_size,
+            "max_model_len": engine.max_model_len,
+            "dtype": engine.dtype,
+            "gpu_memory_utilization": engine.gpu_memory_utilization,
+            "enable_prefix_caching": engine.enable_prefix_caching,
+            "disable_hybrid_kv_cache_manager": engine.disable_hybrid_kv_cache_manager,
+            "async_scheduling": engine.async_scheduling,
+            "enforce_eager": engine.enforce_eager,
+            "load_format": str(engine.load_format),
+            "skip_tokenizer_init": engine.skip_tokenizer_init,
+            "max_num_seqs": engine.max_num_seqs,
+            "revision": engine.revision,
+            "kv_connector": getattr(kv, "kv_connector", None),
+            "kv_role": getattr(kv, "kv_role", None),
+            "kv_load_failure_policy": getattr(kv, "kv_load_failure_policy", None),
+        }
+
+    out = {"vllm_version": __import__("vllm").__version__, "results": [parse(a) for a in argvs]}
     print(json.dumps(out))
     return 0
 

@@ -14,8 +14,29 @@ from hpd_runtime import contract
 
 # --- Defaults -----------------------------------------------------------------------------------------------------
 DEFAULT_VLLM_VERSION: Final = "0.20.0"
-DEFAULT_VLLM_IMAGE: Final = "ghcr.io/hybridpd/vllm-runtime:0.20.0"
+"""The version our H200 runs proved end to end (bench/gpu/README.md); README "vLLM versions" says why."""
+VLLM_IMAGE_REPOSITORY: Final = "ghcr.io/hybridpd/vllm-runtime"
+DEFAULT_VLLM_IMAGE: Final = f"{VLLM_IMAGE_REPOSITORY}:{DEFAULT_VLLM_VERSION}"
 """Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
+VLLM_MINORS: Final = range(20, 34)
+"""vLLM 0.<minor> releases the version table covers (profile.VERSION_RULES): 0.20 to 0.33."""
+VLLM_RANGE_TEXT: Final = f"0.{VLLM_MINORS[0]} to 0.{VLLM_MINORS[-1]}"
+
+
+def vllm_version_regex() -> str:
+    """The spec.vllmVersion values the version table covers: 0.<minor> or 0.<minor>.<patch> (CRD CEL + pydantic)."""
+    return r"^0\.(" + "|".join(str(m) for m in VLLM_MINORS) + r")(\.[0-9]+)?$"
+
+
+VLLM_IMAGE_TEMPLATE: Final = VLLM_IMAGE_REPOSITORY + ":{version}"
+"""The operator's default `--vllm-image` (chart `images.vllm`): `{version}` becomes the CR's spec.vllmVersion."""
+
+
+def vllm_image(version: str) -> str:
+    """Our vLLM image for a version: what spec.image defaults to when only spec.vllmVersion is set."""
+    return f"{VLLM_IMAGE_REPOSITORY}:{version}"
+
+
 DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
 DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
 DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = contract.WARMUP_TIMEOUT_SECONDS_DEFAULT

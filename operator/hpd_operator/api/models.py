@@ -7,6 +7,7 @@ Parse once: `HybridPDDeployment.model_validate(obj)` or `HybridPDDeploymentSpec.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -65,6 +66,12 @@ Args = Annotated[
     list[Annotated[str, Field(max_length=c.MAX_ARG_LENGTH)]],
     Field(max_length=c.MAX_EXTRA_ARGS),
 ]
+
+_VERSION_MESSAGE = (
+    f"spec.vllmVersion must be a vLLM release from {c.VLLM_RANGE_TEXT} (e.g. 0.20.0 or 0.33.0): the operator's "
+    "version table covers those releases"
+)
+_CEL_VERSION = c.vllm_version_regex().replace("\\", "\\\\")
 
 _DENIED_ARGS_RULE = _cel(
     f"!self.exists(a, a.matches('{c.denied_flags_regex()}'))",
@@ -361,11 +368,17 @@ class HybridPDDeploymentSpec(_Model):
         }
     )
     model: ModelSpec
-    image: str = Field(default=c.DEFAULT_VLLM_IMAGE, min_length=1, max_length=512, json_schema_extra=OPERATOR_DEFAULT)
-    """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime); default: the operator's
-    `--vllm-image` (chart value `images.vllm`)."""
-    vllm_version: str = Field(default=c.DEFAULT_VLLM_VERSION, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", max_length=32)
-    """vLLM version inside the image; drives the version table (supported: 0.20, 0.22, 0.25, 0.33)."""
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime). Default:
+    ghcr.io/hybridpd/vllm-runtime:<spec.vllmVersion>. A tag that names another vLLM version than spec.vllmVersion
+    gets a warning (status.profile.warnings and an Event)."""
+    vllm_version: str = Field(
+        default=c.DEFAULT_VLLM_VERSION,
+        max_length=32,
+        json_schema_extra={"x-kubernetes-validations": [_cel(f"self.matches('{_CEL_VERSION}')", _VERSION_MESSAGE)]},
+    )
+    """vLLM version inside the image (e.g. 0.20.0 or 0.33.0); drives the version table, which covers every release
+    from 0.20 to 0.33 by rule (status.profile.rules lists the rules that applied)."""
     block_size: int | None = Field(default=None, ge=16, le=4096)
     """--block-size on both roles (multiple of 16). Unset (recommended): no flag, vLLM picks the Mamba-aligned
     attention block size itself, the same on both roles for equal TP. A value below that size is raised by vLLM;
@@ -386,6 +399,21 @@ class HybridPDDeploymentSpec(_Model):
     cache: CacheSpec = _sub(CacheSpec)
     monitoring: MonitoringSpec = _sub(MonitoringSpec)
     network_policy: NetworkPolicySpec = _sub(NetworkPolicySpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _image_follows_version(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("image") is None:
+            version = data.get("vllmVersion", data.get("vllm_version", c.DEFAULT_VLLM_VERSION))
+            return {**data, "image": c.vllm_image(str(version))}
+        return data
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _version_in_table(cls, v: str) -> str:
+        if not re.fullmatch(c.vllm_version_regex(), v):
+            raise ValueError(_VERSION_MESSAGE)
+        return v
 
     def role(self, role: contract.Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
@@ -435,11 +463,26 @@ class InjectionStatus(_Model):
     reason: str
 
 
+class VersionRuleStatus(_Model):
+    """One version-table rule that applied to spec.vllmVersion (operator/hpd_operator/profile.py VERSION_RULES)."""
+
+    rule: str
+    versions: str
+    """The vLLM minors it covers, e.g. 0.20-0.25."""
+    upstream: str
+    """The upstream PRs/issues that justify the range."""
+    note: str
+
+
 class ProfileStatus(_Model):
     vllm_version: str | None = None
     version_row: str | None = None
     hybrid: bool | None = None
     injections: list[InjectionStatus] = Field(default_factory=list)
+    rules: list[VersionRuleStatus] = Field(default_factory=list)
+    """The version-table rules that applied, each with its upstream justification."""
+    warnings: list[str] = Field(default_factory=list)
+    """Not fatal (also posted as Warning Events), e.g. an image tag that names another vLLM release."""
 
 
 class HybridPDDeploymentStatus(_Model):
@@ -475,12 +518,17 @@ class HybridPDDeployment(BaseModel):
     status: HybridPDDeploymentStatus | None = None
 
 
-def with_default_images(cr: HybridPDDeployment, *, vllm_image: str, router_image: str) -> HybridPDDeployment:
-    """`cr` with the operator's default images filled in where the CR leaves them out (pure; OPERATOR_DEFAULT)."""
+def with_default_images(
+    cr: HybridPDDeployment, *, vllm_image: str, router_image: str, image_set: bool = True
+) -> HybridPDDeployment:
+    """`cr` with the operator's default images where the CR leaves them out (pure; OPERATOR_DEFAULT). `vllm_image`
+    may name `{version}` (the operator's default, c.VLLM_IMAGE_TEMPLATE): it becomes spec.vllmVersion, so a CR
+    that only sets vllmVersion runs our image of that version. `image_set`: whether the CR itself named spec.image
+    (the model fills it from vllmVersion when parsed directly, so the caller tells)."""
     spec = cr.spec
     update: dict[str, Any] = {}
-    if "image" not in spec.model_fields_set:
-        update["image"] = vllm_image
+    if not image_set:
+        update["image"] = vllm_image.replace("{version}", spec.vllm_version)
     if "image" not in spec.router.model_fields_set:
         update["router"] = spec.router.model_copy(update={"image": router_image})
     if not update:
