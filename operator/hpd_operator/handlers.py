@@ -26,9 +26,9 @@ import kopf
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, settings
+from hpd_operator import metrics, podevents, settings
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import build_all, instance_selector, role_name, router_name
+from hpd_operator.builders import build_all, instance_selector, role_name, router_name, selector_labels
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
@@ -124,6 +124,34 @@ def _event(api: client.ApiClient, body: kopf.Body, type_: str, reason: str, mess
         client.CoreV1Api(api).create_namespaced_event(md["namespace"], ev)
     except client.ApiException as e:  # an Event is best effort; never fail a reconcile over it
         metrics.API_ERRORS.labels(op="event", status=str(e.status)).inc()
+
+
+def _probe_details(
+    api: client.ApiClient, namespace: str, name: str, observed: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, str]:
+    """Why an engine role's pods are not Ready, from the kubelet's probe Events (only for roles not all Ready:
+    two list calls per such role, none when everything is Ready)."""
+    out: dict[str, str] = {}
+    core = client.CoreV1Api(api)
+    events: list[dict[str, Any]] | None = None
+    for role in contract.ROLES:
+        st = (observed.get(role) or {}).get("status") or {}
+        if int(st.get("readyReplicas") or 0) >= int(st.get("replicas") or 0) and st:
+            continue
+        sel = ",".join(f"{k}={v}" for k, v in selector_labels(name, role).items())
+        try:
+            raw_pods = core.list_namespaced_pod(namespace, label_selector=sel).items
+            pods: list[dict[str, Any]] = api.sanitize_for_serialization(raw_pods)  # type: ignore[no-untyped-call]
+            if events is None:
+                raw = core.list_namespaced_event(namespace, field_selector=podevents.EVENT_FIELD_SELECTOR).items
+                events = api.sanitize_for_serialization(raw)  # type: ignore[no-untyped-call]
+        except client.ApiException as e:  # best effort: the condition still says how many replicas are ready
+            metrics.API_ERRORS.labels(op="probe-events", status=str(e.status)).inc()
+            return out
+        detail = podevents.probe_failure(pods, events or [])
+        if detail:
+            out[role] = detail
+    return out
 
 
 def _update_metrics(namespace: str, name: str, status: Mapping[str, Any]) -> None:
@@ -223,6 +251,9 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
             _reject(api, body, err, post_event=trigger != "resync")
             raise
         md = body["metadata"]
+        if trigger != "resync":
+            for warning in profile.warnings:
+                _event(api, body, "Warning", "RiskySpec", warning)
         try:
             observed, notes = _apply_all(api, body, cr, profile)
         except client.ApiException as e:
@@ -238,9 +269,10 @@ def _converge(api: client.ApiClient, body: kopf.Body, *, trigger: str) -> dict[s
             observed=observed,
             generation=md.get("generation"),
             profile=profile,
-            notes=notes,
+            notes=[*notes, *profile.warnings],
             previous=(body.get("status") or {}).get("conditions") or [],
             now=_now(),
+            role_details=_probe_details(api, md["namespace"], md["name"], observed),
         )
         _write_status(api, body, status)
         _update_metrics(md["namespace"], md["name"], status)

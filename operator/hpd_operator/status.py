@@ -72,7 +72,15 @@ def _cond(ctype: str, ok: bool | None, reason: str, message: str) -> dict[str, s
     return {"type": ctype, "status": status, "reason": reason, "message": message}
 
 
-def _role_condition(comp: str, s: RoleState) -> dict[str, str]:
+def _role_condition(comp: str, s: RoleState, detail: str | None = None) -> dict[str, str]:
+    """`detail`: why a pod of the role is not Ready, from its probe Events (hpd_operator.podevents)."""
+    cond = _role_condition_plain(comp, s)
+    if detail and cond["status"] != "True":
+        cond["message"] += f"; {detail}"
+    return cond
+
+
+def _role_condition_plain(comp: str, s: RoleState) -> dict[str, str]:
     name = _COND_NAME[comp]
     if not s.exists:
         return _cond(name, False, "Missing", f"the {comp} Deployment does not exist yet")
@@ -97,12 +105,15 @@ def compute_status(
     notes: Sequence[str] = (),
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
+    role_details: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
     `observed` maps prefill/decode/router to the live Deployment (None if absent). `spec` is None when the spec
     cannot be parsed; then `error` says why. `notes` are extra messages (e.g. a PodMonitor skipped). `previous`
     conditions and `now` keep lastTransitionTime stable across unchanged statuses (the caller owns the clock).
+    `role_details` maps a role to why its pods are not Ready (their probe output, hpd_operator.podevents); it is
+    appended to that role's condition message while the role is not Ready.
     """
     desired: dict[str, int] = {}
     for comp in COMPONENTS:
@@ -113,7 +124,8 @@ def compute_status(
             desired[comp] = int((dep or {}).get("spec", {}).get("replicas") or 0)
     states = {comp: role_state(desired[comp], observed.get(comp)) for comp in COMPONENTS}
 
-    conds = [_role_condition(comp, states[comp]) for comp in COMPONENTS]
+    details = role_details or {}
+    conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     engines = [states[r] for r in contract.ROLES]
     warm_on = spec.warmup.enabled if spec is not None else True
     if not warm_on:
