@@ -201,3 +201,13 @@ def test_probe_prints_the_readiness_reason_and_fails(start_fake: Callable[..., F
         server.stop()
     assert out.returncode == 1
     assert out.stdout.startswith(pc.DIFFERS) and "is nan" in out.stdout
+
+
+def test_a_pd_request_that_fails_while_local_succeeds_is_a_mismatch(start_fake: Callable[..., Fake]) -> None:
+    """vLLM cannot serialize NaN logprobs (HTTP 500): that too must read as a P->D mismatch, not as a retry."""
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", "--pd-output", "http-500")
+    cfg = decode_cfg(decode)
+    _, state = warm(cfg, Peers(prefill))
+    ready, why = evaluate_readiness(state, cfg)
+    assert not ready and why.startswith(pc.DIFFERS) and "HTTP 500" in why

@@ -74,12 +74,13 @@ def pair_prompt(length: int, seed: int) -> list[int]:
 
 
 def fetch_identity(host: str, port: int) -> str | None:
-    """The boot id of the runtime on host:port (`GET /identity`), None when it does not answer."""
+    """The boot id of the runtime on host:port (`GET /identity`), None when it does not answer or is not warm yet
+    (a peer counts only once Ready, as the headless Service's DNS would have it)."""
     try:
         resp = request("GET", base_url(host, port) + "/identity", timeout=IDENTITY_TIMEOUT_SECONDS)
     except RequestError:
         return None
-    if resp.status != 200 or not isinstance(resp.body, dict):
+    if resp.status != 200 or not isinstance(resp.body, dict) or resp.body.get("ready") is False:
         return None
     boot = resp.body.get("bootId")
     return str(boot) if boot else None
@@ -119,7 +120,16 @@ class PairChecker:
         if not params:
             raise PairTransportError("prefill returned no kv_transfer_params")
         sampling = {"max_tokens": pc.PAIR_MAX_TOKENS, "logprobs": 1, "return_token_ids": True}
-        d = self._post(self.local, self._body(prompt, kv_transfer_params=params, **sampling), rid, "pair_decode")
+        try:
+            d = self._post(self.local, self._body(prompt, kv_transfer_params=params, **sampling), rid, "pair_decode")
+        except PairTransportError as e:
+            if "HTTP 5" not in str(e):
+                raise
+            # A NaN logprob cannot be serialized (Starlette's JSONResponse refuses NaN: HTTP 500). If the same
+            # prompt computed locally answers, the failure belongs to the P->D path: a verdict, not a retry.
+            self._post(self.local, self._body(prompt, **sampling), f"{rid}-local", "pair_local")
+            return pc.Verdict(False, f"{len(prompt)}-token prompt: the P->D request failed ({e}) while the same "
+                              "prompt computed locally succeeded", float("nan"))  # fmt: skip
         loc = self._post(self.local, self._body(prompt, **sampling), f"{rid}-local", "pair_local")
         try:
             pd_c = pc.parse_completion(d.body, len(prompt))

@@ -3,7 +3,7 @@
 - `/readyz` is 200 only when the warmup finished (or is disabled) AND a live `GET /health` on vLLM answers 200
   within a short timeout; otherwise 503 with the reason as text.
 - `/livez` is 200 while the vLLM child process is alive (standalone: while vLLM answers at all).
-- `/identity` is `{"bootId": ..., "role": ...}`: a new boot id = a new vLLM process (decode polls its prefill peers).
+- `/identity` is `{"bootId": ..., "role": ..., "ready": ...}`: a new boot id = a new vLLM process (decode polls its prefill peers).
 - `/metrics` serves this process's own prometheus-client registry (`hpd_runtime_*`).
 """
 
@@ -180,7 +180,8 @@ def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHT
                 ok, why = evaluate_liveness(state, cfg)
                 self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
             elif path == c.PATH_IDENTITY:
-                body = json.dumps({"bootId": state.boot_id, "role": cfg.role}).encode()
+                ready = state.warm.is_set() and state.pair_fault() is None
+                body = json.dumps({"bootId": state.boot_id, "role": cfg.role, "ready": ready}).encode()
                 self._send(200, body, "application/json")
             elif path == c.PATH_METRICS:
                 evaluate_readiness(state, cfg)  # refresh the ready / vLLM health gauges for this scrape
