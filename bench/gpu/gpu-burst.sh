@@ -7,7 +7,7 @@ test -d /tmp/vllm-site || { echo STAGING-LOST; exit 3; }
 test -d /tmp/router-site || python3 -m pip install -q --no-index --no-deps --target /tmp/router-site .whl/*.whl
 export PYTHONPATH=/tmp/vllm-site:/tmp/router-site:$PWD/images/runtime PYTHONUNBUFFERED=1
 plan=$1; shift
-name=$(echo "$plan" | tr ',:+' '_-.' | cut -c1-80)
+name=$(echo "$plan" | tr ',:+' '_.-' | cut -c1-80)
 logs=/tmp/hpd-logs/$name; mkdir -p "$logs"
 timeout --signal=INT "${BURST_SECONDS:-560}" python3 bench/gpu/run.py --rendered .gpu/rendered.json --plan "$plan" \
   --out "$logs" --work /tmp/hpd-bench "$@"

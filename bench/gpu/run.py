@@ -56,7 +56,7 @@ PORTS = {
 ROUTER_PORT = 8090
 SHAPE_LENGTHS = (815, 816, 817, 1279, 1280, 1281, 2207, 2208, 2209, 3503, 3504, 3505)
 OUTPUT_LENGTHS = (300, 650, 1000, 1400, 1800, 2200, 2600, 3000)
-HOLD_BAD_S = 60.0
+HOLD_BAD_S = 30.0
 NO_NVLINK_MULTICAST: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -171,7 +171,7 @@ def post(url: str, body: dict[str, Any], timeout: float = 600) -> tuple[float, A
 
 def completion(model: str, ids: list[int], max_tokens: int) -> dict[str, Any]:
     return {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
-            "ignore_eos": True, "logprobs": 1}  # fmt: skip
+            "ignore_eos": True, "logprobs": 1, "return_tokens_as_token_ids": True}  # fmt: skip
 
 
 def answer(resp: dict[str, Any]) -> tuple[list[int] | None, list[float]]:
@@ -473,7 +473,7 @@ def badpair(roles: dict[str, Role], model: str) -> dict[str, Any]:
         status, body = get(url)
         if not history or history[-1][1:] != (status, body.strip()[:300]):
             history.append((round(time.perf_counter() - t0, 1), status, body.strip()[:300]))
-        if verdict_at is None and (status == 200 or "differs" in body or "KV transfer" in body):
+        if verdict_at is None and (status == 200 or "differs" in body or "KV transfer" in body or "failed" in body):
             verdict_at = time.perf_counter()
         if verdict_at is not None and time.perf_counter() - verdict_at > HOLD_BAD_S:
             break

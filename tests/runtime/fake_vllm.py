@@ -12,8 +12,8 @@ it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
   --signal-file PATH      append the name of every SIGTERM/SIGINT received
   --pd-output MODE        what a decode request carrying prefill's kv_transfer_params returns: ok (the local
                           answer, logprobs shifted by 0.01), wrong-tokens (other ids, logprobs 3 nats lower), nan
-                          (NaN logprobs), no-transfer (ok, but cached_tokens 0), http-500 (what vLLM answers when
-                          it cannot serialize NaN); also POST /_control {"pd_output"}
+                          (NaN logprobs), no-transfer (ok, but cached_tokens 0), nan-http-400 (what vLLM 0.20 answered
+                          on the H200 when a P->D answer had NaN logprobs); also POST /_control {"pd_output"}
   --enable-prompt-tokens-details   report usage.prompt_tokens_details.cached_tokens, like vLLM
 
 Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
@@ -57,8 +57,9 @@ class FakeVLLM:
         n = int(body.get("max_tokens", 16))
         kv_in = body.get("kv_transfer_params")
         from_prefill = isinstance(kv_in, dict) and bool(kv_in.get("do_remote_prefill"))
-        if from_prefill and self.pd_output == "http-500":
-            return 500, {"error": {"message": "Out of range float values are not JSON compliant", "code": 500}}
+        if from_prefill and self.pd_output == "nan-http-400":
+            msg = "Out of range float values are not JSON compliant: nan"
+            return 400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}}
         ids, lps = sampled(prompt, n, self.pd_output if from_prefill else "local")
         resp: dict[str, Any] = {
             "id": f"cmpl-{request_id or uuid.uuid4().hex}",
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--on-term", default="exit", choices=["exit", "kill", "ignore"])
     p.add_argument("--term-exit-code", type=int, default=0)
     p.add_argument("--signal-file", default=None)
-    p.add_argument("--pd-output", default="ok", choices=["ok", "wrong-tokens", "nan", "no-transfer", "http-500"])
+    p.add_argument("--pd-output", default="ok", choices=["ok", "wrong-tokens", "nan", "no-transfer", "nan-http-400"])
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     ns, _unknown = p.parse_known_args(argv)
 

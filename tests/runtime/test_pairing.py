@@ -204,10 +204,11 @@ def test_probe_prints_the_readiness_reason_and_fails(start_fake: Callable[..., F
 
 
 def test_a_pd_request_that_fails_while_local_succeeds_is_a_mismatch(start_fake: Callable[..., Fake]) -> None:
-    """vLLM cannot serialize NaN logprobs (HTTP 500): that too must read as a P->D mismatch, not as a retry."""
+    """vLLM 0.20 answers HTTP 400 when a P->D answer's logprobs are NaN (blockSize 128 on the H200,
+    bench/results/2026-11-29-gpu-issue12-block128.json): that must read as a P->D mismatch, not a config error."""
     prefill = start_fake()
-    decode = start_fake("--enable-prompt-tokens-details", "--pd-output", "http-500")
+    decode = start_fake("--enable-prompt-tokens-details", "--pd-output", "nan-http-400")
     cfg = decode_cfg(decode)
     _, state = warm(cfg, Peers(prefill))
     ready, why = evaluate_readiness(state, cfg)
-    assert not ready and why.startswith(pc.DIFFERS) and "HTTP 500" in why
+    assert not ready and why.startswith(pc.DIFFERS) and "HTTP 400" in why and "nan" in why

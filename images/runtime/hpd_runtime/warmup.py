@@ -309,8 +309,8 @@ class Warmup:
         for host, port in targets:
             try:
                 result = self.monitor.checker.check(host, port)
-            except PairTransportError as e:
-                raise WarmupError(f"pair check with prefill {host}:{port}: {e}") from e
+            except PairTransportError as e:  # a 4xx is a configuration error: retrying cannot help
+                raise WarmupError(f"pair check with prefill {host}:{port}: {e}", permanent="HTTP 4" in str(e)) from e
             self.monitor.record(host, port, result)
         return ", ".join(f"{h}:{p}" for h, p in targets)
 
