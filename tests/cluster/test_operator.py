@@ -250,7 +250,8 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         if role == "decode":
             assert env[contract.ENV_PREFILL_SERVICE] == f"{name}-prefill.{ns}.svc"
         assert c.resources.limits["nvidia.com/gpu"] == "2"
-        assert c.readiness_probe.http_get.path == contract.PATH_READYZ
+        assert c.readiness_probe._exec.command == list(contract.PROBE_COMMAND)  # the reason reaches the Event
+        assert c.startup_probe._exec.command == list(contract.PROBE_COMMAND)
         assert c.liveness_probe.http_get.path == contract.PATH_LIVEZ
         sp = c.startup_probe
         assert sp.failure_threshold * sp.period_seconds >= 900 + 1800
