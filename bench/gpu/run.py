@@ -1,25 +1,32 @@
-"""GPU proof: real vLLM on one H200 through our runtime (launch, warmup gate, readiness) and vllm-router.
+"""GPU proof: real vLLM 0.20 on one H200, started from the operator's rendered Deployments, through our runtime
+(launch, warmup, pair check, readiness) and vllm-router.
 
-Runs on the GPU machine after staging (see bench/gpu/README.md). One mode per invocation (eager or compile);
-phases, side by side in one run:
+Command lines: `python -m hpd_operator render -f bench/gpu/sample-crs.yaml -o json > rendered.json` (on any machine
+with the operator installed); this script takes each role's container `command`, `args` and `env` from that file
+as they are and applies only HOST_SUBSTITUTIONS (what one host forces), listed in the result JSON. It imports
+nothing from the operator and edits no module's constants; `hpd_runtime` must be importable (PYTHONPATH).
 
-  cold      both roles started through `python -m hpd_runtime launch` with an empty cache volume and warmup on;
-            vllm-router (static URLs, vLLM NIXL P/D mode) in front; first request after Ready vs median of the
-            next 10 (P->D through the router, and colocated on decode); Triton autotune events after Ready;
-            P->D output token ids vs a colocated run on decode for 8 prompts of 300-3,000 tokens.
-  warm      both roles restarted on the same cache volume: time to /readyz warm vs cold.
-  nowarmup  the baseline: a fresh cache volume, warmup disabled; the same first/steady measurements.
+One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart,tiny-eager-block128:badpair`:
 
-The command lines come from the operator's own profile (`hpd_operator.profile.compute_profile`) for the sample
-CR below, exactly as the operator would put them into the pods; the only substitutions are the ones one host
-forces (distinct ports per instance, 127.0.0.1 as the pod IP, a local cache directory), listed in the JSON.
-Everything talks to 127.0.0.1 only. Results: one JSON file per mode under --out.
+  cold     both roles from an empty (or the mode's) cache volume; time to /health and /readyz; the decode pair
+           check's own verdict (runtime log); vllm-router in front; P->D via the router vs colocated on decode for
+           8 prompts (token ids + first-token logprob delta); Triton autotune events after Ready.
+  shapes   first request vs the median of 3 more at each of SHAPE_LENGTHS (never sent by the warmup; both sides of
+           multiple-of-16 boundaries), P->D via the router and colocated on decode.
+  restart  the prefill's vLLM restarts under a running decode (SIGTERM to its launcher, then started again on the
+           same cache, as the kubelet would): P->D answers through the router before, during and after, each
+           checked against decode's colocated answer; decode /readyz timeline; decode exits (restarted like the
+           kubelet does); NIXL errors in the decode log.
+  badpair  (for a known-bad CR) decode must never turn Ready: /readyz polled for HOLD_BAD_S after its verdict, the
+           reason recorded; P->D vs colocated outputs through the router for the record.
+Only 127.0.0.1 is used.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -28,72 +35,74 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpd_runtime import contract
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path[:0] = [str(REPO / "operator"), str(REPO / "images" / "runtime")]
-
-from hpd_operator.api.models import HybridPDDeploymentSpec  # noqa: E402
-from hpd_operator.profile import compute_profile  # noqa: E402
-from hpd_runtime import contract  # noqa: E402
-
 AUTOTUNE_LINE = "Triton autotuning for function"
+KV_ALLOCATED = "GPU KV cache size"
 PORTS = {
     "prefill": {"vllm": 8200, "runtime": 8201, "side": 5600},
     "decode": {"vllm": 8300, "runtime": 8301, "side": 5700},
 }
 ROUTER_PORT = 8090
-MAX_MODEL_LEN = 4096
+SHAPE_LENGTHS = (815, 816, 817, 1279, 1280, 1281, 2207, 2208, 2209, 3503, 3504, 3505)
+OUTPUT_LENGTHS = (300, 650, 1000, 1400, 1800, 2200, 2600, 3000)
+HOLD_BAD_S = 30.0
+NO_NVLINK_MULTICAST: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+"""Kept set in every process we start: NVLink multicast can take a shared host's GPUs out of service."""
+HOST_SUBSTITUTIONS = [
+    "HPD_POD_IP=127.0.0.1 (the downward API's status.podIP; VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP) expands to it)",
+    "--port, HPD_VLLM_PORT, HPD_RUNTIME_PORT, VLLM_NIXL_SIDE_CHANNEL_PORT: distinct per role (one host)",
+    "--model and HPD_MODEL: the local model directory (the CR names the served model)",
+    "HPD_CACHE_DIR: a local directory (the pod mounts the cache volume at /cache)",
+    "HPD_PREFILL_SERVICE=127.0.0.1, HPD_PREFILL_PORT, HPD_PREFILL_RUNTIME_PORT (the pod resolves the headless Service)",
+    "HPD_RUNTIME_HOST=127.0.0.1 (loopback only); TRITON_PRINT_AUTOTUNING=1 (measurement)",
+    "CUDA_VISIBLE_DEVICES=0..TP-1 per role (both roles share GPU 0; on Kubernetes each pod has its own GPUs)",
+]
 
 
-DEFAULT_VLLM_VERSION = "0.20.0"
-
-
-def sample_spec(
-    model_dir: Path,
-    mode: str,
-    tp: tuple[int, int] = (1, 1),
-    weights: str = "dummy",
-    version: str = DEFAULT_VLLM_VERSION,
-) -> dict[str, Any]:
-    """The sample CR's spec: the tiny Nemotron-H, two instances sharing the GPU(s). `weights`: `dummy` (vLLM draws
-    them, different per TP size) or `fixed` (the checkpoint make_checkpoint.py wrote into `model_dir`). `version`:
-    spec.vllmVersion, the vLLM staged on the GPU machine (the profile's version rules follow it)."""
-    extra = ["--skip-tokenizer-init", "--max-num-seqs", "64"]
-    if weights == "dummy":
-        extra = ["--load-format", "dummy", *extra]
-    if mode == "eager":
-        extra.append("--enforce-eager")
-    return {
-        "model": {"name": str(model_dir), "maxModelLen": MAX_MODEL_LEN, "hybrid": "mamba2",
-                  "config": {"numAttentionHeads": 8, "numKeyValueHeads": 2, "mambaNumHeads": 16, "mambaNGroups": 2,
-                             "hiddenSize": 512, "ssdChunkSize": 256, "hybridOverridePattern": "M-M*M-"}},
-        "vllmVersion": version,
-        "gpuMemoryUtilization": 0.3,
-        "extraArgs": extra,
-        "prefill": {"tensorParallelSize": tp[0]},
-        "decode": {"tensorParallelSize": tp[1]},
-        "warmup": {"enabled": True, "pairCheck": True, "timeoutSeconds": 400},
-    }  # fmt: skip
-
-
+# --- command lines from the rendered Deployments ------------------------------------------------------------------
 def expand_k8s_vars(value: str, env: dict[str, str]) -> str:
     """Kubernetes' `$(VAR)` expansion in env values (as the kubelet does it)."""
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
 
 
+def rendered_container(manifests: list[dict[str, Any]], cr: str, role: str) -> dict[str, Any]:
+    for m in manifests:
+        labels = m.get("metadata", {}).get("labels", {})
+        if (
+            m.get("kind") == "Deployment"
+            and labels.get(contract.LABEL_INSTANCE) == cr
+            and labels.get(contract.LABEL_COMPONENT) == role
+        ):
+            return dict(m["spec"]["template"]["spec"]["containers"][0])
+    raise KeyError(f"no {role} Deployment of {cr} in the rendered manifests")
+
+
+def _set_arg(args: list[str], flag: str, value: str) -> None:
+    i = args.index(flag)
+    args[i + 1] = value
+
+
 @dataclass
 class Role:
     name: str
-    args: list[str]
+    argv: list[str]
     env: dict[str, str]
+    tp: int
     log: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     t_start: float = 0.0
@@ -102,186 +111,152 @@ class Role:
     log_offset_at_ready: int = 0
 
 
-@dataclass
-class Phase:
-    name: str
-    roles: dict[str, Role] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)
-
-
-NO_NVLINK_MULTICAST: dict[str, str] = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-"""Kept set in every process we start: NVLink multicast can take a shared host's GPUs out of service."""
-
-
-def role_commands(
-    mode: str,
-    model_dir: Path,
-    cache_root: Path,
-    warmup: bool,
-    *,
-    tp: tuple[int, int] = (1, 1),
-    weights: str = "dummy",
-    version: str = DEFAULT_VLLM_VERSION,
-) -> tuple[dict[str, Role], list[str]]:
-    """Per-role argv/env from the operator's profile. With TP > 1 a role uses GPUs 0..TP-1, so both roles share
-    GPU 0 (P TP=2 over GPUs 0-1 with D TP=1 on GPU 0, as issue #7 asks)."""
-    spec_dict = sample_spec(model_dir, mode, tp, weights, version)
-    spec_dict["warmup"]["enabled"] = warmup
-    spec = HybridPDDeploymentSpec.model_validate(spec_dict)
-    profile = compute_profile(spec)
-    substitutions = [
-        "HPD_POD_IP=127.0.0.1 (one host; the operator uses the downward API status.podIP)",
-        "--port / HPD_VLLM_PORT, HPD_RUNTIME_PORT, VLLM_NIXL_SIDE_CHANNEL_PORT distinct per role (one host)",
-        "HPD_CACHE_DIR=<local dir> (the operator mounts the cache volume at /cache)",
-        "HPD_PREFILL_SERVICE=127.0.0.1 + HPD_PREFILL_PORT (the operator uses the prefill headless Service)",
-        "HPD_RUNTIME_HOST=127.0.0.1, TRITON_PRINT_AUTOTUNING=1 (measurement)",
-        "CUDA_VISIBLE_DEVICES=0..TP-1 per role, so both roles share GPU 0 (on Kubernetes each pod has its own GPUs)",
-    ]
+def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cache_root: Path) -> dict[str, Role]:
+    """Each role's argv/env: the rendered container's command + args and env, with HOST_SUBSTITUTIONS only."""
     roles: dict[str, Role] = {}
     for name in contract.ROLES:
-        rp = profile.role(name)
+        ctr = rendered_container(manifests, cr, name)
+        args = list(ctr["args"])
         ports = PORTS[name]
-        args = list(rp.args)
-        i = args.index("--port")
-        args[i + 1] = str(ports["vllm"])
-        env: dict[str, str] = {contract.ENV_POD_IP: "127.0.0.1"}
-        for entry in rp.env_k8s():
-            if "value" in entry:
-                env[str(entry["name"])] = expand_k8s_vars(str(entry["value"]), env)
+        _set_arg(args, "--port", str(ports["vllm"]))
+        _set_arg(args, "--model", str(model_dir))
+        env: dict[str, str] = {}
+        for entry in ctr.get("env", []):
+            if entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
+                env[entry["name"]] = "127.0.0.1"
+            elif "value" in entry:
+                env[entry["name"]] = expand_k8s_vars(str(entry["value"]), env)
+        tp = int(env[contract.ENV_TENSOR_PARALLEL_SIZE])
         env.update({
+            contract.ENV_MODEL: str(model_dir),
             contract.ENV_VLLM_PORT: str(ports["vllm"]),
             contract.ENV_RUNTIME_PORT: str(ports["runtime"]),
             contract.ENV_RUNTIME_HOST: "127.0.0.1",
             contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: str(ports["side"]),
             contract.ENV_CACHE_DIR: str(cache_root),
-            contract.ENV_MAX_MODEL_LEN: str(MAX_MODEL_LEN),
-            contract.ENV_GPU_PRODUCT: "NVIDIA-H200",
             "TRITON_PRINT_AUTOTUNING": "1",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(rp.tensor_parallel_size)),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(tp)),
             **NO_NVLINK_MULTICAST,
         })  # fmt: skip
         if name == "decode":
             env[contract.ENV_PREFILL_SERVICE] = "127.0.0.1"
             env[contract.ENV_PREFILL_PORT] = str(PORTS["prefill"]["vllm"])
-        roles[name] = Role(name, args, env)
-    return roles, substitutions
+            env[contract.ENV_PREFILL_RUNTIME_PORT] = str(PORTS["prefill"]["runtime"])
+        roles[name] = Role(name, [*ctr["command"], *args], env, tp)
+    return roles
 
 
-def http_ok(url: str, timeout: float = 2.0) -> bool:
+# --- HTTP ---------------------------------------------------------------------------------------------------------
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return bool(r.status == 200)
+        with _OPENER.open(url, timeout=timeout) as r:
+            return int(r.status), r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode(errors="replace")
     except (urllib.error.URLError, OSError):
-        return False
+        return 0, ""
 
 
-def post(
-    url: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout: float = 600
-) -> tuple[float, Any]:
+def post(url: str, body: dict[str, Any], timeout: float = 600) -> tuple[float, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+                                 headers={"Content-Type": "application/json", "X-Request-Id": str(uuid.uuid4())})  # fmt: skip
     t = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with _OPENER.open(req, timeout=timeout) as r:
         out = json.loads(r.read())
     return time.perf_counter() - t, out
 
 
-KV_ALLOCATED = "GPU KV cache size"
-"""vLLM logs this once its memory profile is done and the KV cache is sized. Two instances that profile at the
-same moment on one GPU see each other's allocations and one fails with "No available memory for the cache
-blocks" (seen here), so the second role starts only after the first one logged this line (one host only: on
-Kubernetes each role has its own GPUs)."""
+def completion(model: str, ids: list[int], max_tokens: int) -> dict[str, Any]:
+    return {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
+            "ignore_eos": True, "logprobs": 1, "return_tokens_as_token_ids": True}  # fmt: skip
 
 
-def _wait_kv_allocated(role: Role, deadline: float) -> None:
+def answer(resp: dict[str, Any]) -> tuple[list[int] | None, list[float]]:
+    choice = resp["choices"][0]
+    ids = choice.get("token_ids")
+    lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    return (list(ids) if ids is not None else None), [float(x) if x is not None else math.nan for x in lps]
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(3, 2000) for _ in range(n)]
+
+
+# --- processes ------------------------------------------------------------------------------------------------------
+def start_role(role: Role, out: Path, tag: str, base_env: dict[str, str]) -> None:
+    role.log = out / f"{tag}-{role.name}.log"
+    role.t_start, role.t_health, role.t_ready = time.perf_counter(), None, None
+    with role.log.open("ab") as fh:
+        role.proc = subprocess.Popen(role.argv, env={**base_env, **role.env}, stdout=fh, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+
+
+def wait_kv_allocated(role: Role, deadline: float) -> None:
     assert role.proc is not None and role.log is not None
     while time.perf_counter() < deadline:
         if role.proc.poll() is not None:
             raise RuntimeError(f"{role.name} exited with {role.proc.returncode}; see {role.log.name}")
         if KV_ALLOCATED in role.log.read_text(errors="replace"):
             return
-        if http_ok(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health", 0.5):
+        if get(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 200:
             return
         time.sleep(0.5)
     raise TimeoutError(f"{role.name}: no '{KV_ALLOCATED}' line in time")
 
 
-def start_roles(phase: Phase, out: Path, base_env: dict[str, str]) -> None:
-    previous: Role | None = None
-    for role in phase.roles.values():
-        if previous is not None:
-            _wait_kv_allocated(previous, time.perf_counter() + 300)
-        previous = role
-        role.log = out / f"{phase.name}-{role.name}.log"
-        env = {**base_env, **role.env}
-        role.t_start = time.perf_counter()
-        with role.log.open("wb") as fh:
-            role.proc = subprocess.Popen(
-                [sys.executable, "-m", "hpd_runtime", "launch", "--", *role.args],
-                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+def poll_times(role: Role) -> bool:
+    """Update t_health/t_ready; True once /readyz is 200."""
+    now = time.perf_counter()
+    if role.t_health is None and get(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health")[0] == 200:
+        role.t_health = now - role.t_start
+    if get(f"http://127.0.0.1:{PORTS[role.name]['runtime']}{contract.PATH_READYZ}")[0] == 200:
+        if role.t_ready is None:
+            role.t_ready = now - role.t_start
+            assert role.log is not None
+            role.log_offset_at_ready = role.log.stat().st_size
+        return True
+    return False
 
 
-def wait_ready(phase: Phase, deadline: float) -> None:
-    pending = dict(phase.roles)
+def wait_ready(roles: dict[str, Role], deadline: float) -> None:
+    pending = dict(roles)
     while pending:
         for name, role in list(pending.items()):
-            assert role.proc is not None and role.log is not None
+            assert role.proc is not None
             if role.proc.poll() is not None:
-                raise RuntimeError(f"{phase.name}/{name} exited with {role.proc.returncode}; see {role.log.name}")
-            now = time.perf_counter()
-            if role.t_health is None and http_ok(f"http://127.0.0.1:{PORTS[name]['vllm']}/health"):
-                role.t_health = now - role.t_start
-            if http_ok(f"http://127.0.0.1:{PORTS[name]['runtime']}{contract.PATH_READYZ}"):
-                role.t_ready = now - role.t_start
-                role.log_offset_at_ready = role.log.stat().st_size
+                raise RuntimeError(f"{name} exited with {role.proc.returncode}; see {role.log}")
+            if poll_times(role):
                 del pending[name]
         if time.perf_counter() > deadline:
-            raise TimeoutError(f"{phase.name}: not ready in time: {sorted(pending)}")
+            reasons = {n: get(f"http://127.0.0.1:{PORTS[n]['runtime']}{contract.PATH_READYZ}")[1] for n in pending}
+            raise TimeoutError(f"not ready in time: {reasons}")
         time.sleep(0.25)
 
 
-def stop_roles(roles: dict[str, Role]) -> dict[str, int | None]:
-    codes: dict[str, int | None] = {}
-    for role in roles.values():
-        if role.proc is not None and role.proc.poll() is None:
-            role.proc.send_signal(signal.SIGTERM)
-    for name, role in roles.items():
-        if role.proc is None:
-            continue
+def stop_role(role: Role, grace: float = 60) -> int | None:
+    if role.proc is None:
+        return None
+    if role.proc.poll() is None:
+        os.killpg(role.proc.pid, signal.SIGTERM)
         try:
-            codes[name] = role.proc.wait(60)
+            role.proc.wait(grace)
         except subprocess.TimeoutExpired:
             os.killpg(role.proc.pid, signal.SIGKILL)
-            codes[name] = role.proc.wait(10)
-    # vLLM's engine core runs in its own process; make sure the GPU memory is free before the next phase.
+            role.proc.wait(10)
+    # the engine core is its own process; wait until the port is closed so the GPU memory is free
     for _ in range(120):
-        if not any(http_ok(f"http://127.0.0.1:{PORTS[n]['vllm']}/health", 0.5) for n in roles):
+        if get(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 0:
             break
         time.sleep(0.5)
-    time.sleep(3)
-    return codes
-
-
-def autotune_after_ready(role: Role) -> int:
-    assert role.log is not None
-    with role.log.open("rb") as fh:
-        fh.seek(role.log_offset_at_ready)
-        return fh.read().decode(errors="replace").count(AUTOTUNE_LINE)
-
-
-def autotune_total(role: Role) -> int:
-    assert role.log is not None
-    return role.log.read_text(errors="replace").count(AUTOTUNE_LINE)
+    return role.proc.returncode
 
 
 class Router:
-    def __init__(self, out: Path, name: str, env: dict[str, str]) -> None:
-        self.log = out / f"{name}-router.log"
+    def __init__(self, out: Path, tag: str, env: dict[str, str]) -> None:
+        self.log = out / f"{tag}-router.log"
         argv = [
             sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())",
             "--vllm-pd-disaggregation",
@@ -293,7 +268,7 @@ class Router:
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
-        while not http_ok(f"http://127.0.0.1:{ROUTER_PORT}/health"):
+        while get(f"http://127.0.0.1:{ROUTER_PORT}/health")[0] != 200:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"router did not come up; see {self.log.name}")
             time.sleep(0.25)
@@ -307,67 +282,62 @@ class Router:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def prompt(rng: random.Random, n: int) -> list[int]:
-    return [rng.randint(3, 2000) for _ in range(n)]
+# --- measurements -----------------------------------------------------------------------------------------------------
+ROUTER_URL = f"http://127.0.0.1:{ROUTER_PORT}/v1/completions"
+DECODE_URL = f"http://127.0.0.1:{PORTS['decode']['vllm']}/v1/completions"
 
 
-def completion(model: str, ids: list[int], max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
-            "ignore_eos": True}  # fmt: skip
+def compare_outputs(model: str, lengths: tuple[int, ...], seed: int) -> dict[str, Any]:
+    rows = []
+    for i, n in enumerate(lengths):
+        ids = prompt(random.Random(seed + i), n)
+        _, pd = post(ROUTER_URL, completion(model, ids, 16))
+        _, co = post(DECODE_URL, completion(model, ids, 16))
+        (a, la), (b, lb) = answer(pd), answer(co)
+        delta = abs(la[0] - lb[0]) if la and lb else math.nan
+        rows.append({"prompt_tokens": n, "pd_token_ids": a, "colocated_token_ids": b, "identical": a is not None and a == b,
+                     "first_logprob_pd": la[:1], "first_logprob_colocated": lb[:1],
+                     "first_token_abs_logprob_delta": None if math.isnan(delta) else round(delta, 5),
+                     "pd_nonfinite_logprobs": sum(1 for x in la if not math.isfinite(x) or x <= -9999)})  # fmt: skip
+    return {"prompts": len(rows), "identical": sum(r["identical"] for r in rows), "rows": rows}
 
 
-def token_ids(resp: dict[str, Any]) -> list[int] | None:
-    choice = resp["choices"][0]
-    ids = choice.get("token_ids")
-    return list(ids) if ids is not None else None
-
-
-def first_vs_steady(url: str, model: str, rng: random.Random, n: int = 10, length: int = 1500) -> dict[str, Any]:
-    times = []
-    for _ in range(n + 1):
-        dt, _ = post(url, completion(model, prompt(rng, length), 8), {"X-Request-Id": str(uuid.uuid4())})
-        times.append(dt)
-    steady = statistics.median(times[1:])
-    return {"first_s": round(times[0], 4), "steady_median_s": round(steady, 4), "first_over_steady": round(times[0] / steady, 2),
-            "all_s": [round(t, 4) for t in times], "prompt_tokens": length}  # fmt: skip
-
-
-def serving_measurements(phase: Phase, model: str, with_outputs: bool) -> None:
-    rng = random.Random(20261129)
-    router_url = f"http://127.0.0.1:{ROUTER_PORT}/v1/completions"
-    decode_url = f"http://127.0.0.1:{PORTS['decode']['vllm']}/v1/completions"
-    phase.result["pd_via_router"] = first_vs_steady(router_url, model, rng)
-    phase.result["colocated_on_decode"] = first_vs_steady(decode_url, model, rng)
-    if with_outputs:
+def shapes(model: str) -> dict[str, Any]:
+    rng = random.Random(4242)
+    out: dict[str, Any] = {}
+    for name, url in (("pd_via_router", ROUTER_URL), ("colocated_on_decode", DECODE_URL)):
         rows = []
-        for i, length in enumerate([300, 650, 1000, 1400, 1800, 2200, 2600, 3000]):
-            ids = prompt(random.Random(1000 + i), length)
-            _, pd = post(router_url, completion(model, ids, 16), {"X-Request-Id": str(uuid.uuid4())})
-            _, co = post(decode_url, completion(model, ids, 16), {"X-Request-Id": str(uuid.uuid4())})
-            a, b = token_ids(pd), token_ids(co)
-            rows.append({"prompt_tokens": length, "pd_token_ids": a, "colocated_token_ids": b,
-                         "identical": a is not None and a == b})  # fmt: skip
-        phase.result["pd_vs_colocated"] = {
-            "prompts": len(rows),
-            "identical": sum(r["identical"] for r in rows),
-            "rows": rows,
-        }
-    time.sleep(1)
-    phase.result["autotune_events_after_ready"] = {n: autotune_after_ready(r) for n, r in phase.roles.items()}
-    phase.result["autotune_events_total"] = {n: autotune_total(r) for n, r in phase.roles.items()}
-    logs = {n: r.log.read_text(errors="replace") for n, r in phase.roles.items() if r.log}
-    phase.result["nixl_errors_in_decode_log"] = sum(
-        1
-        for line in logs.get("decode", "").splitlines()
-        if "ERROR" in line and ("nixl" in line.lower() or "kv" in line.lower())
-    )
+        for n in SHAPE_LENGTHS:
+            times = [post(url, completion(model, prompt(rng, n), 8))[0] for _ in range(4)]
+            steady = statistics.median(times[1:])
+            rows.append({"prompt_tokens": n, "first_s": round(times[0], 4), "steady_median_s": round(steady, 4),
+                         "first_over_steady": round(times[0] / steady, 3), "all_s": [round(t, 4) for t in times]})  # fmt: skip
+        out[name] = {"rows": rows, "max_first_over_steady": max(r["first_over_steady"] for r in rows)}
+    return out
 
 
-def block_sizes(phase: Phase) -> dict[str, dict[str, int | None]]:
-    """vLLM's attention and kernel block sizes per role, from its log: NIXL needs them equal on both roles."""
+def log_text(role: Role, since: int = 0) -> str:
+    assert role.log is not None
+    with role.log.open("rb") as fh:
+        fh.seek(since)
+        return fh.read().decode(errors="replace")
+
+
+def runtime_events(role: Role, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in log_text(role).splitlines():
+        if f'"event": "{event}"' in line:
+            try:
+                out.append(json.loads(line[line.index("{") :]))
+            except ValueError:
+                pass
+    return out
+
+
+def block_sizes(roles: dict[str, Role]) -> dict[str, dict[str, int | None]]:
     out: dict[str, dict[str, int | None]] = {}
-    for name, role in phase.roles.items():
-        text = role.log.read_text(errors="replace") if role.log and role.log.exists() else ""
+    for name, role in roles.items():
+        text = log_text(role) if role.log and role.log.exists() else ""
         attn = re.search(r"Setting attention block size to (\d+) tokens", text)
         kernel = re.search(r"physical kernel block size \((\d+)\)", text)
         out[name] = {
@@ -377,11 +347,143 @@ def block_sizes(phase: Phase) -> dict[str, dict[str, int | None]]:
     return out
 
 
-def role_times(phase: Phase) -> dict[str, Any]:
-    return {n: {"to_health_s": round(r.t_health or -1, 1), "to_readyz_s": round(r.t_ready or -1, 1),
-                "warmup_s": round((r.t_ready or 0) - (r.t_health or 0), 1)} for n, r in phase.roles.items()}  # fmt: skip
+ERROR_PATTERN = re.compile(r"ERROR|Traceback|Segmentation|NIXL_ERR|Remote I/O|core dumped", re.I)
 
 
+def error_lines(role: Role, since: int) -> list[str]:
+    return [ln[:300] for ln in log_text(role, since).splitlines() if ERROR_PATTERN.search(ln)][:30]
+
+
+class Timeline:
+    """Background P->D traffic through the router, checked against colocated answers, plus /readyz polling."""
+
+    def __init__(self, model: str, refs: list[tuple[list[int], list[int]]], roles: dict[str, Role]) -> None:
+        self.model, self.refs, self.roles = model, refs, roles
+        self.t0 = time.perf_counter()
+        self.requests: list[dict[str, Any]] = []
+        self.readyz: dict[str, list[tuple[float, int, str]]] = {n: [] for n in roles}
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._send, daemon=True),
+            threading.Thread(target=self._poll, daemon=True),
+        ]
+
+    def now(self) -> float:
+        return round(time.perf_counter() - self.t0, 2)
+
+    def _send(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            ids, ref = self.refs[i % len(self.refs)]
+            t = self.now()
+            try:
+                dt, resp = post(ROUTER_URL, completion(self.model, ids, 8), timeout=30)
+                got, lps = answer(resp)
+                ok = got == ref
+                bad_lp = any(not math.isfinite(x) or x <= -9999 for x in lps)
+                self.requests.append({"t": t, "s": round(dt, 3), "outcome": "identical" if ok else "DIFFERENT",
+                                      "nonfinite": bad_lp, **({} if ok else {"got": got, "want": ref})})  # fmt: skip
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+                self.requests.append({"t": t, "outcome": "error", "error": str(e)[:200]})
+                self.stop.wait(0.5)
+            i += 1
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.5):
+            for n in self.roles:
+                status, body = get(f"http://127.0.0.1:{PORTS[n]['runtime']}{contract.PATH_READYZ}", 1.5)
+                hist = self.readyz[n]
+                if not hist or hist[-1][1] != status or hist[-1][2] != body.strip()[:200]:
+                    hist.append((self.now(), status, body.strip()[:200]))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> dict[str, Any]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(35)
+        counts: dict[str, int] = {}
+        for r in self.requests:
+            counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+        return {"counts": counts, "requests": self.requests, "readyz": self.readyz}
+
+
+def restart_prefill(
+    roles: dict[str, Role], model: str, out: Path, tag: str, base_env: dict[str, str]
+) -> dict[str, Any]:
+    rng = random.Random(777)
+    refs = []
+    for n in (500, 1200, 2100, 3000):
+        ids = prompt(rng, n)
+        refs.append((ids, answer(post(DECODE_URL, completion(model, ids, 8))[1])[0] or []))
+    p, d = roles["prefill"], roles["decode"]
+    assert d.log is not None
+    d_offset = d.log.stat().st_size
+    tl = Timeline(model, refs, roles)
+    tl.start()
+    time.sleep(10)
+    res: dict[str, Any] = {"t_sigterm_prefill": tl.now()}
+    res["prefill_exit_code"] = stop_role(p)
+    res["t_prefill_gone"] = tl.now()
+    start_role(p, out, f"{tag}-restarted", base_env)
+    res["t_prefill_started"] = tl.now()
+    decode_exits: list[dict[str, Any]] = []
+    deadline = time.perf_counter() + 240
+    settled_since: float | None = None
+    while time.perf_counter() < deadline:
+        if d.proc is not None and d.proc.poll() is not None:  # restartPolicy: Always, as the kubelet would
+            decode_exits.append({"t": tl.now(), "exit_code": d.proc.returncode})
+            stop_role(d, 5)
+            start_role(d, out, f"{tag}-decode-restart{len(decode_exits)}", base_env)
+        p_ready, d_ready = poll_times(p), poll_times(d)
+        if p_ready and "t_prefill_ready" not in res:
+            res["t_prefill_ready"] = tl.now()
+        if p_ready and d_ready:
+            settled_since = settled_since or time.perf_counter()
+            if time.perf_counter() - settled_since > 30:
+                break
+        else:
+            settled_since = None
+        time.sleep(0.5)
+    res["decode_exits"] = decode_exits
+    res["timeline"] = tl.finish()
+    res["prefill_restart_times"] = {"to_health_s": round(p.t_health or -1, 1), "to_readyz_s": round(p.t_ready or -1, 1)}
+    res["decode_error_lines"] = error_lines(d, d_offset) if not decode_exits else ["(decode restarted: see logs)"]
+    res["decode_pair_checks"] = [
+        {k: e.get(k) for k in ("ts", "ok", "summary", "prefill", "seconds")} for e in runtime_events(d, "pair_check")
+    ]
+    res["decode_pair_rechecks"] = [e.get("ts") for e in runtime_events(d, "pair_recheck")]
+    return res
+
+
+def badpair(roles: dict[str, Role], model: str) -> dict[str, Any]:
+    d = roles["decode"]
+    url = f"http://127.0.0.1:{PORTS['decode']['runtime']}{contract.PATH_READYZ}"
+    deadline = time.perf_counter() + 420
+    verdict_at = None
+    history: list[tuple[float, int, str]] = []
+    t0 = time.perf_counter()
+    while time.perf_counter() < deadline:
+        assert d.proc is not None
+        if d.proc.poll() is not None:
+            history.append((round(time.perf_counter() - t0, 1), -1, f"decode exited {d.proc.returncode}"))
+            break
+        status, body = get(url)
+        if not history or history[-1][1:] != (status, body.strip()[:300]):
+            history.append((round(time.perf_counter() - t0, 1), status, body.strip()[:300]))
+        if verdict_at is None and (status == 200 or "differs" in body or "KV transfer" in body or "failed" in body):
+            verdict_at = time.perf_counter()
+        if verdict_at is not None and time.perf_counter() - verdict_at > HOLD_BAD_S:
+            break
+        time.sleep(1)
+    ever_ready = any(h[1] == 200 for h in history)
+    return {"decode_ever_ready": ever_ready, "readyz_history": history, "held_s_after_verdict": HOLD_BAD_S,
+            "pair_checks": [{k: e.get(k) for k in ("ok", "summary", "deltas")} for e in runtime_events(d, "pair_check")]}  # fmt: skip
+
+
+# --- driver -----------------------------------------------------------------------------------------------------------
 def gpu_name() -> str:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -391,95 +493,87 @@ def gpu_name() -> str:
     return out.stdout.strip()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile"], required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/hpd-bench"))
-    ap.add_argument("--budget-s", type=float, default=560, help="skip phases that would not finish in time")
-    ap.add_argument("--phases", default="cold,warm,nowarmup")
-    ap.add_argument("--prefill-tp", type=int, default=1, help="prefill TP (GPUs 0..N-1)")
-    ap.add_argument("--decode-tp", type=int, default=1, help="decode TP (GPUs 0..N-1)")
-    ap.add_argument("--weights", choices=["dummy", "fixed"], default="dummy",
-                    help="fixed: the seeded checkpoint of make_checkpoint.py, the same weights at every TP size")  # fmt: skip
-    ap.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION,
-                    help="spec.vllmVersion: the vLLM staged on this machine (bench/gpu/stage.sh VERSION)")  # fmt: skip
-    args = ap.parse_args()
-    t0 = time.monotonic()
+def run_step(
+    cr: str, steps: list[str], manifests: list[dict[str, Any]], args: argparse.Namespace, report: dict[str, Any]
+) -> None:
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    tp = (args.prefill_tp, args.decode_tp)
-    model_dir = HERE / "tiny-nemotron-h"
-    if args.weights == "fixed":
-        import make_checkpoint
+    model_dir = Path(args.model_dir)
+    if cr.endswith("-fixed"):
+        import make_checkpoint  # bench/gpu is the script's directory, so it is on sys.path already
 
         model_dir = args.work / "tiny-nemotron-h-fixed"
         make_checkpoint.write_checkpoint(model_dir, HERE / "tiny-nemotron-h" / "config.json")
-    base_env = {**os.environ, **NO_NVLINK_MULTICAST}
-    base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "images" / "runtime"), base_env.get("PYTHONPATH", "")])
-    base_env["PYTHONUNBUFFERED"] = "1"
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"), "mode": args.mode, "command": " ".join(sys.argv),
-        "gpu": gpu_name(), "tensor_parallel": {"prefill": tp[0], "decode": tp[1]}, "weights": args.weights,
-        "vllm_version": args.vllm_version,
-        "phases": {},
-    }  # fmt: skip
-    suffix = "" if (tp, args.weights) == ((1, 1), "dummy") else f"-p{tp[0]}d{tp[1]}-{args.weights}"
-    suffix += "" if args.vllm_version == DEFAULT_VLLM_VERSION else f"-v{args.vllm_version}"
-    result_file = out / f"gpu-{args.mode}{suffix}.json"
-
-    def save() -> None:
-        result_file.write_text(json.dumps(report, indent=2))
-
-    cache = args.work / f"cache-{args.mode}"
-    shutil.rmtree(cache, ignore_errors=True)
-    wanted = args.phases.split(",")
-    plan = [("cold", cache, True), ("warm", cache, True), ("nowarmup", args.work / f"cache-{args.mode}-nowarm", False)]
-    for name, cache_root, warmup in plan:
-        if name not in wanted:
-            continue
-        if name == "nowarmup":
-            shutil.rmtree(cache_root, ignore_errors=True)
-        elapsed = time.monotonic() - t0
-        if elapsed > args.budget_s * (0.55 if name == "nowarmup" else 0.75):
-            report["phases"][name] = {"skipped": f"time budget: {elapsed:.0f} s used of {args.budget_s:.0f}"}
-            save()
-            continue
-        roles, substitutions = role_commands(
-            args.mode, model_dir, cache_root, warmup, tp=tp, weights=args.weights, version=args.vllm_version
-        )
-        report.setdefault("argv", {n: r.args for n, r in roles.items()})
-        report.setdefault("env", {n: r.env for n, r in roles.items()})
-        report.setdefault("one_host_substitutions", substitutions)
-        phase = Phase(name, roles)
-        router: Router | None = None
-        try:
-            start_roles(phase, out, base_env)
-            wait_ready(phase, time.perf_counter() + 420)
-            phase.result["times"] = role_times(phase)
-            phase.result["block_sizes"] = block_sizes(phase)
-            if name != "warm":
-                router = Router(out, name, base_env)
-                serving_measurements(phase, str(model_dir), with_outputs=(name == "cold"))
-        except Exception as exc:  # a failed phase is reported, the next one still runs
-            phase.result["error"] = f"{type(exc).__name__}: {exc}"
-            phase.result.setdefault("times", role_times(phase))
-        finally:
-            if router is not None:
-                router.stop()
-            phase.result["exit_codes_after_sigterm"] = stop_roles(phase.roles)
-            report["phases"][name] = phase.result
-            save()
-    cold, warm = report["phases"].get("cold", {}), report["phases"].get("warm", {})
+    roles = role_commands(manifests, cr, model_dir, args.work / f"cache-{'eager' if 'eager' in cr else 'compile'}")
+    served = roles["decode"].argv[roles["decode"].argv.index("--served-model-name") + 1]
+    res: dict[str, Any] = {"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}}
+    report["runs"][cr] = res
+    base_env = {**os.environ, **NO_NVLINK_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    router: Router | None = None
+    t_begin = time.monotonic()
     try:
-        report["ratios"] = {
-            f"ready_warm_over_cold_{r}": round(warm["times"][r]["to_readyz_s"] / cold["times"][r]["to_readyz_s"], 3)
-            for r in contract.ROLES
-        }
-    except (KeyError, ZeroDivisionError, TypeError):
-        report["ratios"] = {}
-    save()
-    print(json.dumps({k: v for k, v in report.items() if k not in ("argv", "env")}, indent=1)[:6000])
+        start_role(roles["prefill"], out, cr, base_env)
+        wait_kv_allocated(roles["prefill"], time.perf_counter() + 300)
+        start_role(roles["decode"], out, cr, base_env)
+        if "badpair" in steps:
+            wait_ready({"prefill": roles["prefill"]}, time.perf_counter() + 420)
+            router = Router(out, cr, base_env)
+            res["badpair"] = badpair(roles, served)
+            try:
+                res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+                res["pd_vs_colocated"] = {"error": str(e)}
+        else:
+            wait_ready(roles, time.perf_counter() + 420)
+            res["times"] = {n: {"to_health_s": round(r.t_health or -1, 1), "to_readyz_s": round(r.t_ready or -1, 1)}
+                            for n, r in roles.items()}  # fmt: skip
+            res["warmup"] = {n: [{k: e.get(k) for k in ("seconds", "pair_fault")} for e in runtime_events(r, "warmup_finished")]
+                             for n, r in roles.items()}  # fmt: skip
+            res["pair_check_at_ready"] = [{k: e.get(k) for k in ("ok", "summary", "deltas", "seconds")}
+                                          for e in runtime_events(roles["decode"], "pair_check")]  # fmt: skip
+            router = Router(out, cr, base_env)
+            res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
+            if "shapes" in steps:
+                res["shapes"] = shapes(served)
+            res["autotune_events_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(AUTOTUNE_LINE)
+                                                  for n, r in roles.items()}  # fmt: skip
+            if "restart" in steps:
+                res["restart"] = restart_prefill(roles, served, out, cr, base_env)
+        res["block_sizes"] = block_sizes(roles)
+    except Exception as exc:  # a failed step is reported; the next one still runs
+        res["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if router is not None:
+            router.stop()
+        res["exit_codes_after_sigterm"] = {n: stop_role(r) for n, r in roles.items()}
+        res["seconds"] = round(time.monotonic() - t_begin, 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rendered", type=Path, required=True, help="`python -m hpd_operator render -o json` output")
+    ap.add_argument("--plan", required=True, help="CR:step+step,...  steps: cold shapes restart badpair")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hpd-bench"))
+    ap.add_argument("--model-dir", default=str(HERE / "tiny-nemotron-h"))
+    ap.add_argument("--fresh-cache", action="store_true", help="empty the cache volumes first (cold)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.fresh_cache:
+        for d in args.work.glob("cache-*"):
+            shutil.rmtree(d, ignore_errors=True)
+    manifests = json.loads(args.rendered.read_text())["items"]
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "gpu": gpu_name(),
+                              "host_substitutions": HOST_SUBSTITUTIONS, "runs": {}}  # fmt: skip
+    result = args.out / "result.json"
+    try:
+        for item in args.plan.split(","):
+            cr, _, steps = item.partition(":")
+            run_step(cr, steps.split("+"), manifests, args, report)
+            result.write_text(json.dumps(report, indent=1))
+    finally:  # also on SIGINT from an outer time limit: what ran so far is kept
+        result.write_text(json.dumps(report, indent=1))
+    brief = {cr: {k: v for k, v in r.items() if k not in ("argv", "env")} for cr, r in report["runs"].items()}
+    print(json.dumps(brief)[:8000])
     return 0
 
 

@@ -29,7 +29,7 @@ import urllib3
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, report, settings
+from hpd_operator import metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders import Manifest, build_all, instance_selector
 from hpd_operator.conditions import Failure, Reason
@@ -91,6 +91,7 @@ class Run:
     observed: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     podmonitor_served: bool = False
+    role_details: dict[str, str] = field(default_factory=dict)
     failure: Failure | None = None
 
     @property
@@ -264,6 +265,22 @@ def observe(run: Run) -> None:
     run.pods = report.observe_pods(run.api, run.namespace, run.name)
     if run.trigger != "resync":  # a resync round lists the nodes once for every CR
         run.nodes = report.observe_nodes(run.api)
+    run.role_details = probe_details(run)
+
+
+def probe_details(run: Run) -> dict[str, str]:
+    """Why an engine role's pods are not Ready, from the kubelet's probe Events (the exec probe prints the runtime's
+    reason, e.g. "P->D output differs from local"); one Event list, and only while some engine pod is not Ready."""
+    waiting = {role: run.pods.get(role, []) for role in contract.ROLES}
+    if not any(not podevents.pod_ready(p) for pods in waiting.values() for p in pods):
+        return {}
+    events = report.observe_probe_events(run.api, run.namespace)
+    out: dict[str, str] = {}
+    for role, pods in waiting.items():
+        detail = podevents.probe_failure(pods, events)
+        if detail:
+            out[role] = detail
+    return out
 
 
 def write_report(run: Run) -> dict[str, Any]:
@@ -285,6 +302,7 @@ def write_report(run: Run) -> dict[str, Any]:
         notes=run.notes,
         previous=previous,
         now=report.now(),
+        role_details=run.role_details,
     )
     report.write_status(run.api, run.body, status)
     _REPORTED[run.uid] = status["conditions"]

@@ -677,6 +677,14 @@ def _role_profile(
                 f"vLLM {row.minor} on {where}: async scheduling races RDMA-loaded Mamba/KV state "
                 f"[{row.cite('no-async-scheduling')}]",
             )
+    if role == "decode" and spec.warmup.enabled and spec.warmup.pair_check:
+        args.append("--enable-prompt-tokens-details")
+        add(
+            "--enable-prompt-tokens-details",
+            "",
+            "the decode pair check proves a KV transfer happened: usage.prompt_tokens_details.cached_tokens "
+            "counts the tokens loaded from prefill",
+        )
     if chunk is not None:
         add(
             contract.ENV_SSD_CHUNK_SIZE,
@@ -701,6 +709,32 @@ def _role_profile(
         env=tuple(env),
         args=tuple(args),
         injections=tuple(inj),
+    )
+
+
+BLOCK_SIZE_FIXED_MINOR: Final = (0, 27)
+"""vLLM 0.27 carries every hybrid P/D zeroing fix (#48085, #48481, #49612); before it a raised block corrupted P->D."""
+
+
+def block_size_warnings(spec: HybridPDDeploymentSpec, row: VersionRow, hybrid: bool) -> tuple[str, ...]:
+    """A warning when a user block size may be raised by vLLM on a version where that corrupted P->D.
+
+    Whether vLLM raises it depends on the Mamba page size (conv + SSM state bytes per sequence: ssm_state_size,
+    mamba_head_dim, conv_kernel, the state dtype) against the attention page per token (head_dim): spec.model.config
+    carries none of those numbers, so the operator cannot tell a safe value (>= vLLM's own size, e.g. 528 or 1056
+    for the tiny Nemotron-H) from a raised one (128 -> 640); it warns on every explicit value instead, and the
+    decode pair check is what refuses Ready when P->D output differs."""
+    if spec.block_size is None or not hybrid:
+        return ()
+    major, minor = (int(x) for x in row.minor.split("."))
+    if (major, minor) >= BLOCK_SIZE_FIXED_MINOR:
+        return ()
+    return (
+        f"spec.blockSize={spec.block_size}: vLLM {row.minor} raises a block size below the model's Mamba-aligned "
+        "size (e.g. 128 -> 640 tokens on a 64-token kernel block), and on vLLM 0.20 that corrupted P->D output "
+        "(token 0 repeated); the Mamba page size cannot be computed from spec.model.config, so this value is not "
+        "checked here. Remove spec.blockSize unless the TP sizes need it; the decode pair check keeps decode not "
+        "Ready if P->D output differs from local",
     )
 
 
@@ -731,7 +765,7 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
     model = model_path(spec)
     chunk = cfg.ssd_chunk_size if cfg is not None else None
     tag_warning = image_version_warning(spec.image or c.vllm_image(version), version)
-    warnings = (tag_warning,) if tag_warning else ()
+    warnings = ((tag_warning,) if tag_warning else ()) + tuple(block_size_warnings(spec, row, hybrid))
     return Profile(
         warnings=warnings,
         vllm_version=version,

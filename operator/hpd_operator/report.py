@@ -16,7 +16,7 @@ from typing import Any, cast
 from kubernetes import client
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics
+from hpd_operator import metrics, podevents
 from hpd_operator.builders import instance_selector, role_name, router_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
@@ -68,6 +68,18 @@ def observe_pods(api: client.ApiClient, namespace: str, name: str) -> dict[str, 
         if comp in out:
             out[comp].append(pod)
     return out
+
+
+def observe_probe_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    """The kubelet's probe-failure Events of pods in `namespace` (best effort: [] when not allowed or failing)."""
+    try:
+        data = k8s.read(
+            api, f"/api/v1/namespaces/{namespace}/events", [("fieldSelector", podevents.EVENT_FIELD_SELECTOR)]
+        )
+    except client.ApiException as e:
+        metrics.api_error("probe-events", e.status)
+        return []
+    return list(data.get("items", []))
 
 
 def observe_nodes(api: client.ApiClient) -> frozenset[str] | None:

@@ -124,7 +124,15 @@ def _problem_text(problems: Sequence[tuple[Reason, str]]) -> str:
     return "; ".join(f"{r}: {m}" for r, m in problems)
 
 
-def _role_condition(comp: str, s: RoleState) -> dict[str, str]:
+def _role_condition(comp: str, s: RoleState, detail: str | None = None) -> dict[str, str]:
+    """`detail`: why a pod of the role is not Ready, from its probe Events (hpd_operator.podevents)."""
+    cond = _role_condition_plain(comp, s)
+    if detail and cond["status"] != "True":
+        cond["message"] += f"; {detail}"
+    return cond
+
+
+def _role_condition_plain(comp: str, s: RoleState) -> dict[str, str]:
     name = COMPONENT_CONDITION[comp]
     if not s.exists:
         if s.problems:
@@ -159,6 +167,7 @@ def compute_status(
     notes: Sequence[str] = (),
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
+    role_details: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -167,12 +176,14 @@ def compute_status(
     parsed; then `error` says why. `failure` is why this reconcile could not converge (InvalidSpec, ApplyFailed,
     OwnershipConflict, ReconcileError); `error` is shorthand for an InvalidSpec failure. `notes` are extra messages
     (e.g. a PodMonitor skipped). `previous` conditions and `now` keep lastTransitionTime stable across unchanged
-    statuses (the caller owns the clock).
+    statuses (the caller owns the clock). `role_details` maps a role to why its pods are not Ready (their probe
+    output, hpd_operator.podevents); it is appended to that role's condition message while the role is not Ready.
     """
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
     states = _states(spec, observed, pods or {}, nodes)
-    conds = [_role_condition(comp, states[comp]) for comp in COMPONENTS]
+    details = role_details or {}
+    conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
     conds.append(_profile_condition(profile, failure))
     conds += _progress_conditions(states, failure)

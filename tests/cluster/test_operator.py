@@ -5,6 +5,7 @@ failure. Every wait has a deadline; nothing connects to a pod or node IP."""
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import signal
 import urllib.request
@@ -91,7 +92,8 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         if role == "decode":
             assert env[contract.ENV_PREFILL_SERVICE] == f"{name}-prefill.{ns}.svc"
         assert c.resources.limits["nvidia.com/gpu"] == "2"
-        assert c.readiness_probe.http_get.path == contract.PATH_READYZ
+        assert c.readiness_probe._exec.command == list(contract.PROBE_COMMAND)  # the reason reaches the Event
+        assert c.startup_probe._exec.command == list(contract.PROBE_COMMAND)
         assert c.liveness_probe.http_get.path == contract.PATH_LIVEZ
         sp = c.startup_probe
         assert sp.failure_threshold * sp.period_seconds >= 900 + 1800
@@ -386,3 +388,44 @@ def test_image_tag_naming_another_vllm_release_is_a_warning_not_a_rejection(
     dep = deployment(api_client, ns, f"{name}-decode")
     assert container_of(dep).image == "ghcr.io/hybridpd/vllm-runtime:0.25.1"
     assert "--no-disable-hybrid-kv-cache-manager" not in list(container_of(dep).args)
+
+
+def test_a_decode_probe_failure_reaches_the_decode_ready_condition(
+    operator: Operator, api_client: client.ApiClient, namespace: str, kubeconfig: Path
+) -> None:
+    """The decode runtime's exec readiness probe prints its reason; the kubelet turns it into an `Unhealthy`
+    Event on the pod (posted here as the kubelet would: kwok runs no probes); the operator copies it into
+    DecodeReady, so `kubectl describe hpd` shows it. The engine pods hold no credentials for any of this."""
+    ns, name = namespace, "pairfail"
+    doc = seed(name)
+    doc["spec"]["decode"]["nodeSelector"] = {"example.com/no-such-node": "true"}  # the decode pod stays not Ready
+    create(api_client, ns, doc)
+    core = client.CoreV1Api(api_client)
+    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}=decode"
+    pod = wait_for(lambda: next(iter(core.list_namespaced_pod(ns, label_selector=sel).items), None), T, what="pod")
+    reason = (
+        "P->D output differs from local on 3/16 prompts via prefill 10.0.0.7:8000: 650-token prompt: P->D logprob "
+        "at token 0 is nan; if spec.blockSize is set, remove it (vLLM 0.20 raised 128 to a 640-token block on a "
+        "64-token kernel block and corrupted P->D); prefill and decode must derive the same attention block size"
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    core.create_namespaced_event(
+        ns,
+        client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod.metadata.name}."),
+            involved_object=client.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod.metadata.name, namespace=ns, uid=pod.metadata.uid,
+                field_path="spec.containers{vllm}",
+            ),
+            reason="Unhealthy", type="Warning", message=f"Readiness probe failed: {reason}",
+            source=client.V1EventSource(component="kubelet", host="kwok-node-0"),
+            first_timestamp=now, last_timestamp=now, count=1,
+        ),
+    )  # fmt: skip
+    cr = wait_cr(
+        api_client, ns, name, lambda c: reason in cond(c, "DecodeReady").get("message", ""), "reason in DecodeReady"
+    )
+    assert cond(cr, "DecodeReady")["status"] == "False" and cond(cr, "Ready")["status"] == "False"
+    assert f"pod {pod.metadata.name}: {reason}" in cond(cr, "DecodeReady")["message"]
+    described = kubectl(kubeconfig, "describe", "hpd", name, "-n", ns).stdout
+    assert "P->D output differs from local" in described and "spec.blockSize" in described

@@ -10,6 +10,11 @@ it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
   --on-term ACTION        exit (default: exit with --term-exit-code) | kill (SIGKILL itself) | ignore
   --term-exit-code N      exit status after SIGTERM/SIGINT (default 0)
   --signal-file PATH      append the name of every SIGTERM/SIGINT received
+  --pd-output MODE        what a decode request carrying prefill's kv_transfer_params returns: ok (the local
+                          answer, logprobs shifted by 0.01), wrong-tokens (other ids, logprobs 3 nats lower), nan
+                          (NaN logprobs), no-transfer (ok, but cached_tokens 0), nan-http-400 (what vLLM 0.20 answered
+                          on the H200 when a P->D answer had NaN logprobs); also POST /_control {"pd_output"}
+  --enable-prompt-tokens-details   report usage.prompt_tokens_details.cached_tokens, like vLLM
 
 Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
 GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv + env), POST /_control
@@ -41,6 +46,7 @@ class FakeVLLM:
         self.health = 200
         self.fail: str | None = ns.fail
         self.metrics = VllmMetrics(ns.model, role_of(sys.argv))
+        self.pd_output: str = ns.pd_output
 
     def completion(self, body: dict[str, Any], request_id: str | None) -> tuple[int, dict[str, Any]]:
         if self.ns.completion_delay:
@@ -53,6 +59,12 @@ class FakeVLLM:
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return 400, {"error": {"message": "expected token ids", "code": 400}}
         n = int(body.get("max_tokens", 16))
+        kv_in = body.get("kv_transfer_params")
+        from_prefill = isinstance(kv_in, dict) and bool(kv_in.get("do_remote_prefill"))
+        if from_prefill and self.pd_output == "nan-http-400":
+            msg = "Out of range float values are not JSON compliant: nan"
+            return 400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}}
+        ids, lps = sampled(prompt, n, self.pd_output if from_prefill else "local")
         resp: dict[str, Any] = {
             "id": f"cmpl-{request_id or uuid.uuid4().hex}",
             "object": "text_completion",
@@ -62,6 +74,13 @@ class FakeVLLM:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
             "kv_transfer_params": None,
         }
+        if body.get("return_token_ids"):
+            resp["choices"][0]["token_ids"] = ids
+        if body.get("logprobs"):
+            resp["choices"][0]["logprobs"] = {"tokens": [f"t{t}" for t in ids], "token_logprobs": lps}
+        if self.ns.enable_prompt_tokens_details:
+            cached = len(prompt) - 1 if from_prefill and self.pd_output != "no-transfer" else 0
+            resp["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         kv = body.get("kv_transfer_params")
         if isinstance(kv, dict) and kv.get("do_remote_decode") and self.fail != "no-kv-params":
             resp["kv_transfer_params"] = {
@@ -75,6 +94,19 @@ class FakeVLLM:
                 "tp_size": 1,
             }
         return 200, resp
+
+
+def sampled(prompt: list[int], n: int, mode: str) -> tuple[list[int], list[float]]:
+    """Greedy token ids and their logprobs, a function of the prompt (so P->D and local can be compared)."""
+    ids = [(sum(prompt) * 31 + 7 * i) % 997 + 3 for i in range(n)]
+    lps = [-1.0 - 0.1 * i for i in range(n)]
+    if mode in {"ok", "no-transfer"}:
+        lps = [lp - 0.01 for lp in lps]
+    elif mode == "wrong-tokens":
+        ids, lps = [0] * n, [lp - 3.0 for lp in lps]
+    elif mode == "nan":
+        ids, lps = [0] * n, [float("nan")] * n
+    return ids, lps
 
 
 def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
@@ -119,7 +151,9 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
                 if "fail" in body:
                     app.fail = body["fail"]
                 app.metrics.control(body.get("metrics") or {})
-                self._send(200, {"health": app.health, "fail": app.fail})
+                if "pd_output" in body:
+                    app.pd_output = body["pd_output"]
+                self._send(200, {"health": app.health, "fail": app.fail, "pd_output": app.pd_output})
                 return
             if self.path != "/v1/completions":
                 self._send(404, {"error": "not found"})
@@ -155,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--on-term", default="exit", choices=["exit", "kill", "ignore"])
     p.add_argument("--term-exit-code", type=int, default=0)
     p.add_argument("--signal-file", default=None)
+    p.add_argument("--pd-output", default="ok", choices=["ok", "wrong-tokens", "nan", "no-transfer", "nan-http-400"])
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
     ns, _unknown = p.parse_known_args(argv)
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -171,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.health_delay:
         time.sleep(ns.health_delay)
     app = FakeVLLM(ns)
+    http.server.ThreadingHTTPServer.request_queue_size = 64  # the warmup's batch step opens 16 connections at once
     httpd = http.server.ThreadingHTTPServer((ns.host, ns.port), make_handler(app))
     httpd.daemon_threads = True
     print(f"fake vLLM listening on {ns.host}:{ns.port}", flush=True)

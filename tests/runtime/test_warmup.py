@@ -11,6 +11,7 @@ import pytest
 from hpd_runtime import contract as c
 from hpd_runtime import warmup as w
 from hpd_runtime.config import RuntimeConfig, load_config
+from hpd_runtime.paircheck import PAIR_ROUNDS, pair_lengths
 from hpd_runtime.readiness import RuntimeMetrics, RuntimeState
 from hpd_runtime.warmup import PAIR_KV_PARAMS, Warmup, plan_warmup
 
@@ -49,7 +50,7 @@ def test_plan_covers_short_multi_chunk_long_and_continuation() -> None:
     assert cont[: len(by_kind["chunked"].tokens)] == by_kind["chunked"].tokens
     assert len(cont) > len(by_kind["chunked"].tokens)
     assert len(plan.concurrent) == c.WARMUP_CONCURRENCY_DEFAULT
-    assert plan.pair is None
+    assert plan.pair is False
 
 
 def test_plan_never_exceeds_max_model_len_and_ids_stay_in_the_safe_range() -> None:
@@ -81,7 +82,7 @@ def test_explicit_lengths_replace_the_derived_ones() -> None:
 def run_warmup(cfg: RuntimeConfig, resolver: Callable[[str, int], list[tuple[str, int]]] | None = None) -> Any:
     state = RuntimeState(RuntimeMetrics())
     kw: dict[str, Any] = {} if resolver is None else {"resolver": resolver}
-    ok = Warmup(cfg, state, threading.Event(), **kw).run()
+    ok = Warmup(cfg, state, threading.Event(), identity=lambda h, p: None, **kw).run()
     return ok, state
 
 
@@ -92,7 +93,7 @@ def test_warmup_sends_the_plan_and_marks_warm(start_fake: Callable[..., Fake]) -
     assert ok and state.warm.is_set()
     plan = plan_warmup(cfg)
     got = fake.requests()
-    assert len(got) == len(plan.sequential) + len(plan.concurrent)
+    assert len(got) == len(plan.sequential) + len(plan.concurrent) + len(plan.shapes) + len(plan.batch)
     assert [r["body"]["prompt"] for r in got[: len(plan.sequential)]] == [list(p.tokens) for p in plan.sequential]
     assert all(r["body"]["model"] == "fake-model" and r["body"]["stream"] is False for r in got)
     assert all(r["request_id"] and r["request_id"].startswith("hpd-warmup-") for r in got)
@@ -101,7 +102,7 @@ def test_warmup_sends_the_plan_and_marks_warm(start_fake: Callable[..., Fake]) -
 
 
 def test_pair_check_calls_prefill_then_decode_with_prefills_params(start_fake: Callable[..., Fake]) -> None:
-    prefill, decode = start_fake(), start_fake()
+    prefill, decode = start_fake(), start_fake("--enable-prompt-tokens-details")
     cfg = cfg_for(
         decode.port,
         **{
@@ -121,10 +122,11 @@ def test_pair_check_calls_prefill_then_decode_with_prefills_params(start_fake: C
     ok, _ = run_warmup(cfg, resolver)
     assert ok
     assert asked == [("demo-prefill.ns.svc.cluster.local", 8000)]
-    (p_req,) = prefill.requests()
-    assert p_req["body"]["kv_transfer_params"] == PAIR_KV_PARAMS
+    p_req = prefill.requests()[0]
+    assert all(r["body"]["kv_transfer_params"] == PAIR_KV_PARAMS for r in prefill.requests())
     assert p_req["body"]["max_tokens"] == 1 and p_req["body"]["stream"] is False
-    d_req = decode.requests()[-1]
+    d_req = next(r for r in decode.requests() if "kv_transfer_params" in r["body"])
+    assert d_req["body"]["logprobs"] == 1 and "prompt_logprobs" not in d_req["body"] and "echo" not in d_req["body"]
     assert d_req["request_id"] == p_req["request_id"]
     assert d_req["t"] > p_req["t"]  # CLOCK_MONOTONIC is system-wide: prefill was answered first
     assert d_req["body"]["prompt"] == p_req["body"]["prompt"]
@@ -139,12 +141,14 @@ def test_pair_check_calls_prefill_then_decode_with_prefills_params(start_fake: C
         "tp_size": 1,
     }
     assert d_req["body"]["kv_transfer_params"] == expected
-    # the local warmup requests on decode carry no kv_transfer_params
-    assert all("kv_transfer_params" not in r["body"] for r in decode.requests()[:-1])
+    # each P->D request is followed by the same prompt computed locally (no kv_transfer_params)
+    reqs = decode.requests()
+    i = reqs.index(d_req)
+    assert reqs[i + 1]["body"]["prompt"] == d_req["body"]["prompt"] and "kv_transfer_params" not in reqs[i + 1]["body"]
 
 
 def test_pair_check_waits_for_a_ready_prefill_pod(start_fake: Callable[..., Fake]) -> None:
-    prefill, decode = start_fake(), start_fake()
+    prefill, decode = start_fake(), start_fake("--enable-prompt-tokens-details")
     cfg = cfg_for(
         decode.port,
         **{c.ENV_WARMUP_PAIR_CHECK: "1", c.ENV_PREFILL_SERVICE: "p", c.ENV_WARMUP_TIMEOUT_SECONDS: "30"},
@@ -155,16 +159,17 @@ def test_pair_check_waits_for_a_ready_prefill_pod(start_fake: Callable[..., Fake
         calls.append(1)
         return [] if len(calls) < 3 else [(LOOPBACK, prefill.port)]
 
-    ok, _ = run_warmup(cfg, resolver)
+    ok, state = run_warmup(cfg, resolver)
     assert ok and len(calls) == 3
-    assert len(prefill.requests()) == 1
+    assert len(prefill.requests()) == PAIR_ROUNDS * len(pair_lengths(w.prompt_limit(cfg)))
+    assert state.pair_fault() is None
 
 
 def test_prefill_without_kv_transfer_params_fails_the_pair_check(start_fake: Callable[..., Fake]) -> None:
     prefill, decode = start_fake("--fail", "no-kv-params"), start_fake()
     cfg = cfg_for(
         decode.port,
-        **{c.ENV_WARMUP_PAIR_CHECK: "1", c.ENV_PREFILL_SERVICE: "p", c.ENV_WARMUP_TIMEOUT_SECONDS: "1"},
+        **{c.ENV_WARMUP_PAIR_CHECK: "1", c.ENV_PREFILL_SERVICE: "p", c.ENV_WARMUP_TIMEOUT_SECONDS: "8"},
     )
     ok, state = run_warmup(cfg, lambda s, p: [(LOOPBACK, prefill.port)])
     assert not ok and not state.warm.is_set()
@@ -198,3 +203,14 @@ def test_disabled_warmup_is_warm_as_soon_as_health_is_ok(start_fake: Callable[..
     ok, state = run_warmup(cfg_for(fake.port, **{c.ENV_WARMUP_ENABLED: "false"}))
     assert ok and state.warm.is_set()
     assert fake.requests() == []
+
+
+def test_shape_lengths_cover_both_sides_of_every_power_of_two_up_to_the_limit() -> None:
+    lengths = w.shape_lengths(4091)
+    assert {1, 2, 3, 15, 16, 31, 32, 2047, 2048, 4091} <= set(lengths)
+    assert all(n <= 4091 for n in lengths) and lengths == tuple(sorted(set(lengths)))
+    assert len([n for n in lengths if n % 16]) >= len([n for n in lengths if n % 16 == 0])  # both classes
+    cfg = load_config({c.ENV_MAX_MODEL_LEN: "4096"})
+    plan = plan_warmup(cfg)
+    assert [len(p.tokens) for p in plan.shapes] == list(w.shape_lengths(w.prompt_limit(cfg)))
+    assert len(plan.batch) == w.BATCH_CLASS_SIZE

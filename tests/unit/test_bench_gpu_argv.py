@@ -1,54 +1,87 @@
-"""bench/gpu/run.py builds its command lines with the operator's profile; these checks run on the CPU so the GPU
-runs (issue #6, and the heterogeneous-TP runs of issue #7 once a multi-GPU machine is lent) start from argv that
-is already known to be right."""
+"""bench/gpu/run.py takes its command lines from `python -m hpd_operator render` output; these checks run on the CPU
+so the GPU runs start from argv that is exactly what the operator applies, with only the one-host substitutions."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu"
-sys.path.insert(0, str(BENCH))
-import run  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench" / "gpu"
+
+
+def load_run() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_gpu_run", BENCH / "run.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run = load_run()
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpd_operator", "render", "-f", str(BENCH / "sample-crs.yaml"), "-o", "json"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
 
 
 def arg(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
 
-def test_default_bench_argv_is_the_profile_with_dummy_weights_on_one_gpu(tmp_path: Path) -> None:
-    roles, subs = run.role_commands("eager", BENCH / "tiny-nemotron-h", tmp_path, warmup=True)
-    for name, role in roles.items():
-        assert arg(role.args, "--tensor-parallel-size") == "1"
-        assert arg(role.args, "--load-format") == "dummy"
-        assert "--block-size" not in role.args  # vLLM's own Mamba-aligned size (an explicit 128 broke P->D)
-        assert "--enforce-eager" in role.args
-        assert role.env["CUDA_VISIBLE_DEVICES"] == "0"
-        assert role.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
-        assert role.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
-        assert role.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(run.PORTS[name]["side"])
-    assert ("--no-async-scheduling" in roles["decode"].args) and ("--no-async-scheduling" not in roles["prefill"].args)
-    assert any("CUDA_VISIBLE_DEVICES" in s for s in subs)
-
-
-@pytest.mark.parametrize(("tp", "gpus"), [((2, 1), ("0,1", "0")), ((1, 2), ("0", "0,1"))])
-def test_hetero_tp_argv_uses_fixed_weights_and_keeps_nvlink_multicast_off(
-    tmp_path: Path, tp: tuple[int, int], gpus: tuple[str, str]
+def test_bench_argv_is_the_rendered_container_with_only_host_substitutions(
+    rendered: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    roles, _ = run.role_commands("compile", tmp_path / "ckpt", tmp_path / "cache", True, tp=tp, weights="fixed")
+    roles = run.role_commands(rendered, "tiny-eager", tmp_path / "model", tmp_path / "cache")
+    for name, role in roles.items():
+        ctr = run.rendered_container(rendered, "tiny-eager", name)
+        assert role.argv[: len(ctr["command"])] == ctr["command"] == ["python3", "-m", "hpd_runtime", "launch", "--"]
+        got, want = role.argv[len(ctr["command"]) :], list(ctr["args"])
+        changed = {want[i] for i in range(len(want)) if got[i] != want[i]}
+        assert len(got) == len(want) and changed == {"8000", "tiny-nemotron-h"}  # --port and --model values only
+        assert arg(got, "--model") == str(tmp_path / "model") and arg(got, "--port") == str(run.PORTS[name]["vllm"])
+        rendered_env = {e["name"]: e.get("value") for e in ctr["env"]}
+        substituted = {k for k in rendered_env if role.env.get(k) != rendered_env[k]}
+        assert substituted <= {
+            "HPD_POD_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "HPD_MODEL", "HPD_VLLM_PORT",
+            "HPD_RUNTIME_PORT", "HPD_CACHE_DIR", "HPD_PREFILL_SERVICE",
+        }  # fmt: skip
+        assert role.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"  # $(HPD_POD_IP) expanded as the kubelet does
+        assert role.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS" and role.env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert "--block-size" not in got and "--enforce-eager" in got
+    assert "--enable-prompt-tokens-details" in roles["decode"].argv
+    assert roles["decode"].env["HPD_PREFILL_RUNTIME_PORT"] == str(run.PORTS["prefill"]["runtime"])
+
+
+def test_the_known_bad_cr_passes_block_size_128_to_both_roles(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    roles = run.role_commands(rendered, "tiny-eager-block128", tmp_path, tmp_path)
+    assert all(arg(r.argv, "--block-size") == "128" for r in roles.values())
+
+
+@pytest.mark.parametrize(("cr", "gpus"), [("tiny-p2d1-fixed", ("0,1", "0")), ("tiny-p1d2-fixed", ("0", "0,1"))])
+def test_hetero_tp_argv_keeps_nvlink_multicast_off(
+    rendered: list[dict[str, Any]], tmp_path: Path, cr: str, gpus: tuple[str, str]
+) -> None:
+    roles = run.role_commands(rendered, cr, tmp_path / "ckpt", tmp_path / "cache")
     for i, name in enumerate(("prefill", "decode")):
-        args, env = roles[name].args, roles[name].env
-        assert arg(args, "--tensor-parallel-size") == str(tp[i])
+        args, env = roles[name].argv, roles[name].env
         assert "--load-format" not in args  # the same checkpoint at both TP sizes
-        assert arg(args, "--model") == str(tmp_path / "ckpt")
-        assert "--enforce-eager" not in args
         assert env["CUDA_VISIBLE_DEVICES"] == gpus[i]
-        assert env["NCCL_NVLS_ENABLE"] == "0"
-        assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
-        # the tiny config's 2 KV heads and 2 Mamba groups divide TP 2: no replication, vLLM's own block size
-        assert "--block-size" not in args
+        assert env["NCCL_NVLS_ENABLE"] == "0" and env["NVSHMEM_DISABLE_NVLS"] == "1"
 
 
 def test_block_sizes_are_read_from_vllms_log(tmp_path: Path) -> None:
@@ -60,8 +93,12 @@ def test_block_sizes_are_read_from_vllms_log(tmp_path: Path) -> None:
         "(EngineCore pid=1) INFO [worker.py:343] User-specified logical block size (528) does not match physical "
         "kernel block size (16). Using the latter.\n"
     )
-    phase = run.Phase("cold", {"prefill": run.Role("prefill", [], {}, log=log), "decode": run.Role("decode", [], {})})
-    assert run.block_sizes(phase) == {
+    roles = {
+        "prefill": run.Role("prefill", [], {}, 1, log=log),
+        "decode": run.Role("decode", [], {}, 1, log=tmp_path / "d"),
+    }
+    (tmp_path / "d").write_text("")
+    assert run.block_sizes(roles) == {
         "prefill": {"attention": 528, "kernel": 16},
         "decode": {"attention": None, "kernel": None},
     }

@@ -96,7 +96,9 @@ def test_engine_pod_contract() -> None:
     assert e[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST] == "$(HPD_POD_IP)"
     assert e[contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT] == "DS"
     assert e[contract.ENV_CACHE_DIR] == contract.CACHE_MOUNT
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "runtime"}
+    # exec probes: their output (the runtime's reason) lands in the pod's Unhealthy Event (hpd_operator.podevents)
+    assert c["readinessProbe"]["exec"] == {"command": ["python3", "-m", "hpd_runtime", "probe"]}
+    assert c["startupProbe"]["exec"] == c["readinessProbe"]["exec"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
     sp = c["startupProbe"]
     assert sp["failureThreshold"] * sp["periodSeconds"] >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS

@@ -94,7 +94,12 @@ def test_seed_args_in_order() -> None:
         "auto",
     ]
     assert args[12:14] == ["--gpu-memory-utilization", "0.85"]
-    assert args[-3:] == ["--no-enable-prefix-caching", "--no-disable-hybrid-kv-cache-manager", "--no-async-scheduling"]
+    assert args[-4:] == [
+        "--no-enable-prefix-caching",
+        "--no-disable-hybrid-kv-cache-manager",
+        "--no-async-scheduling",
+        "--enable-prompt-tokens-details",
+    ]
 
 
 def test_extra_args_global_then_role() -> None:
@@ -328,3 +333,23 @@ def test_all_violations_are_reported_at_once() -> None:
         compute_profile(spec(blockSize=24, extraArgs=["--port", "9000"], env=[{"name": "HPD_X"}]))
     assert {r for _, r in rules(ei.value)} == {"block-size-multiple-of-16", "operator-owned-flag", "operator-owned-env"}
     assert ei.value.message.startswith("3 problems in the spec")
+
+
+def test_decode_reports_cached_tokens_for_the_pair_check() -> None:
+    p = compute_profile(spec())
+    assert "--enable-prompt-tokens-details" in p.decode.args
+    assert "--enable-prompt-tokens-details" not in p.prefill.args
+    assert any(i.setting == "--enable-prompt-tokens-details" for i in p.decode.injections)
+    off = compute_profile(spec(warmup={"pairCheck": False}))
+    assert "--enable-prompt-tokens-details" not in off.decode.args
+
+
+@pytest.mark.parametrize(("version", "warned"), [("0.20.0", True), ("0.25.1", True), ("0.33.0", False)])
+def test_an_explicit_block_size_on_a_hybrid_model_warns_where_a_raised_block_corrupted_pd(
+    version: str, warned: bool
+) -> None:
+    p = compute_profile(spec(blockSize=128, vllmVersion=version))
+    assert bool(p.warnings) == warned
+    if warned:
+        assert "spec.blockSize=128" in p.warnings[0] and "cannot be computed from spec.model.config" in p.warnings[0]
+    assert compute_profile(spec()).warnings == ()

@@ -234,3 +234,12 @@ def test_events_only_on_transitions() -> None:
     [(t, r, m)] = transitions(ready, unsched["conditions"])
     assert (t, r) == ("Warning", "Unschedulable") and "no" in m
     assert transitions(unsched["conditions"], unsched["conditions"]) == []
+
+
+def test_a_role_detail_from_probe_events_is_appended_while_the_role_is_not_ready() -> None:
+    detail = "pod x-decode-1: P->D output differs from local on 2/16 prompts ...; if spec.blockSize is set"
+    observed = dict(ALL_READY)
+    observed["decode"] = dep(1, ready=0)
+    c = conds(status(spec(), observed, role_details={"decode": detail, "prefill": "stale"}))
+    assert c["DecodeReady"]["status"] == "False" and c["DecodeReady"]["message"].endswith(detail)
+    assert "stale" not in c["PrefillReady"]["message"]  # prefill is Ready: its old Events say nothing now

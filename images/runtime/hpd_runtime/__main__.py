@@ -4,6 +4,9 @@
 - `warmup`: run the warmup once against an already running vLLM and exit 0/1 (debugging).
 - `readiness`: serve /readyz, /livez, /metrics for an already running vLLM (debugging; `--warmup` runs the
   warmup first, otherwise ready = vLLM /health).
+- `probe`: the exec startup/readiness probe: GET the local runtime's /readyz, print its reason, exit 0 when
+  ready, 1 otherwise. The kubelet puts a failing exec probe's output into the pod's `Unhealthy` Event
+  ("Readiness probe failed: <reason>"), which the operator copies into the DecodeReady/PrefillReady condition.
 All read the same HPD_* env as `launch`.
 """
 
@@ -14,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hpd_runtime.config import ConfigError, load_config
 from hpd_runtime.log import log_event
@@ -30,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     w = sub.add_parser("warmup", help="warm up a running vLLM once (exit 0 on success)")
     w.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health (default 600)")
+    pr = sub.add_parser("probe", help="exec probe: print the runtime's /readyz reason, exit 0 when ready")
+    pr.add_argument("--timeout", type=float, default=4.0, help="seconds to wait for /readyz (default 4)")
     r = sub.add_parser("readiness", help="serve /readyz /livez /metrics for a running vLLM")
     r.add_argument("--warmup", action="store_true", help="run the warmup first (ready only after it)")
     return p
@@ -40,6 +45,27 @@ def _launch_args(argv: Sequence[str]) -> list[str]:
     if rest and rest[0] == "--":
         rest = rest[1:]
     return rest
+
+
+PROBE_OUTPUT_LIMIT = 1000
+"""Characters of the reason printed (the kubelet keeps 10 KiB of probe output; an Event message is cut at 1 KiB)."""
+
+
+def probe(env: Mapping[str, str], timeout: float) -> int:
+    """GET http://127.0.0.1:<runtime port>/readyz; print the reason; 0 = ready. Stdlib only, no config parsing
+    beyond the port (it runs every few seconds)."""
+    from hpd_runtime import contract
+    from hpd_runtime.http_client import RequestError, base_url, request
+
+    port = env.get(contract.ENV_RUNTIME_PORT, "").strip() or str(contract.RUNTIME_PORT)
+    try:
+        resp = request("GET", base_url("127.0.0.1", int(port)) + contract.PATH_READYZ, timeout=timeout)
+    except (RequestError, ValueError) as e:
+        print(f"runtime readiness server not answering: {e}"[:PROBE_OUTPUT_LIMIT])
+        return 1
+    text = resp.body if isinstance(resp.body, str) else str(resp.body)
+    print(text.strip()[:PROBE_OUTPUT_LIMIT])
+    return 0 if resp.status == 200 else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = _parser().parse_args(args_in)
         if ns.command == "launch":  # only reached for --help
             return 0
+        if ns.command == "probe":
+            return probe(os.environ, ns.timeout)
         cfg = load_config(os.environ)
         from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState
         from hpd_runtime.warmup import Warmup

@@ -40,6 +40,10 @@ class RuntimeConfig:
     warmup_pair_check: bool
     prefill_service: str | None
     prefill_port: int
+    prefill_runtime_port: int
+    pair_recheck_seconds: float
+    pair_max_logprob_delta: float
+    pair_restart_on_break: bool
     vllm_command: str | None
     stable_triton_cache: bool
 
@@ -104,6 +108,19 @@ def _lengths(env: Mapping[str, str]) -> tuple[int, ...]:
     return lengths
 
 
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as e:
+        raise ConfigError(f"{name}={raw!r} is not a number") from e
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0")
+    return value
+
+
 def installed_vllm_version() -> str | None:
     """vLLM's version from package metadata (no import of vllm itself)."""
     from importlib import metadata
@@ -158,6 +175,10 @@ def load_config(env: Mapping[str, str], vllm_args: Sequence[str] = ()) -> Runtim
         warmup_pair_check=pair_check,
         prefill_service=prefill_service,
         prefill_port=_req_int(env, c.ENV_PREFILL_PORT, c.VLLM_PORT, 1),
+        prefill_runtime_port=_req_int(env, c.ENV_PREFILL_RUNTIME_PORT, c.RUNTIME_PORT, 1),
+        pair_recheck_seconds=_float(env, c.ENV_PAIR_RECHECK_SECONDS, c.PAIR_RECHECK_SECONDS_DEFAULT),
+        pair_max_logprob_delta=_float(env, c.ENV_PAIR_MAX_LOGPROB_DELTA, c.PAIR_MAX_LOGPROB_DELTA_DEFAULT),
+        pair_restart_on_break=c.env_flag(env.get(c.ENV_PAIR_RESTART_ON_BREAK), default=True),
         vllm_command=env.get(c.ENV_VLLM_COMMAND, "").strip() or None,
         stable_triton_cache=c.env_flag(env.get(c.ENV_STABLE_TRITON_CACHE), default=True),
     )

@@ -49,6 +49,11 @@ PATH_READYZ: Final = "/readyz"
 PATH_LIVEZ: Final = "/livez"
 PATH_METRICS: Final = "/metrics"
 PATH_VLLM_HEALTH: Final = "/health"
+PATH_IDENTITY: Final = "/identity"
+"""The runtime's boot id (JSON `bootId`): decode polls its prefill peers' to notice a restarted vLLM."""
+PROBE_COMMAND: Final = ("python3", "-m", "hpd_runtime", "probe")
+"""Exec startup/readiness probe: prints the /readyz reason, so the kubelet's `Unhealthy` Event carries it
+("Readiness probe failed: <reason>"); an HTTP probe's Event has only the status code."""
 
 # --- Mount paths -----------------------------------------------------------------------------------------------
 CACHE_MOUNT: Final = "/cache"
@@ -86,6 +91,14 @@ ENV_POD_IP: Final = "HPD_POD_IP"
 """Downward API `status.podIP`."""
 ENV_PREFILL_PORT: Final = "HPD_PREFILL_PORT"
 """vLLM port on the prefill pods for the pair check; default VLLM_PORT (the operator need not set it)."""
+ENV_PREFILL_RUNTIME_PORT: Final = "HPD_PREFILL_RUNTIME_PORT"
+"""Runtime port on the prefill pods (GET /identity); default RUNTIME_PORT (the operator need not set it)."""
+ENV_PAIR_RECHECK_SECONDS: Final = "HPD_PAIR_RECHECK_SECONDS"
+"""Decode: how often the prefill peers are polled for a change (new address or boot id); default 10."""
+ENV_PAIR_MAX_LOGPROB_DELTA: Final = "HPD_PAIR_MAX_LOGPROB_DELTA"
+"""Decode: the largest |top-1 logprob| difference P->D vs local that the pair check accepts (nats); default 0.5."""
+ENV_PAIR_RESTART_ON_BREAK: Final = "HPD_PAIR_RESTART_ON_BREAK"
+"""Decode: restart vLLM (exit the container) when a pair that had passed stays broken; default on."""
 
 # --- Runtime knobs with safe defaults (the operator normally leaves them unset; tests and debugging set them) ---
 ENV_VLLM_HOST: Final = "HPD_VLLM_HOST"
@@ -110,6 +123,10 @@ WARMUP_CONCURRENCY_DEFAULT: Final = 4
 WARMUP_TIMEOUT_SECONDS_DEFAULT: Final = 900
 """Also the CRD default of spec.warmup.timeoutSeconds (api/constants.py takes both warmup defaults from here)."""
 WARMUP_MAX_TOKENS_DEFAULT: Final = 4
+PAIR_RECHECK_SECONDS_DEFAULT: Final = 10.0
+PAIR_MAX_LOGPROB_DELTA_DEFAULT: Final = 0.5
+EXIT_PAIR_BROKEN: Final = 75
+"""`launch` exit status after it stopped vLLM because P->D stayed broken (EX_TEMPFAIL: the kubelet restarts it)."""
 
 # --- vLLM's own env that the profile sets ------------------------------------------------------------------------
 ENV_VLLM_SSM_CONV_STATE_LAYOUT: Final = "VLLM_SSM_CONV_STATE_LAYOUT"

@@ -154,6 +154,20 @@ class Launcher:
         self.resolver = resolver
         self.proc: subprocess.Popen[bytes] | None = None
         self.stop = threading.Event()
+        self.broken: str | None = None
+        """Set when the pair monitor gave up on P->D: vLLM is stopped and `run` exits EXIT_PAIR_BROKEN."""
+
+    def _pair_broken(self, reason: str) -> None:
+        """P->D stayed broken after it had passed: stop vLLM so the kubelet restarts the container (a fresh NIXL
+        agent; vLLM's port closes at once, so even a router that ignores readiness stops getting answers)."""
+        if not self.cfg.pair_restart_on_break:
+            log_event("pair_broken", level="error", reason=reason, action="none (HPD_PAIR_RESTART_ON_BREAK off)")
+            return
+        self.broken = reason
+        log_event("pair_broken", level="error", reason=reason, action="stopping vLLM; the container restarts")
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
 
     def _alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -202,7 +216,7 @@ class Launcher:
             except OSError as e:
                 log_event("vllm_start_failed", level="error", argv=argv, error=str(e))
                 return 127
-            start_warmup_thread(cfg, state, self.stop, self.resolver)
+            start_warmup_thread(cfg, state, self.stop, self.resolver, on_broken=self._pair_broken)
             returncode = self.proc.wait()
         finally:
             self.stop.set()
@@ -210,6 +224,8 @@ class Launcher:
                 signal.signal(s, h)
             server.stop()
         code = exit_code(returncode)
+        if self.broken is not None:
+            code = c.EXIT_PAIR_BROKEN
         log_event("vllm_exited", level="info" if code == 0 else "error", returncode=returncode, exit_code=code)
         return code
 

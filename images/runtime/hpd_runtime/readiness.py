@@ -3,14 +3,17 @@
 - `/readyz` is 200 only when the warmup finished (or is disabled) AND a live `GET /health` on vLLM answers 200
   within a short timeout; otherwise 503 with the reason as text.
 - `/livez` is 200 while the vLLM child process is alive (standalone: while vLLM answers at all).
+- `/identity` is `{"bootId": ..., "role": ..., "ready": ...}`: a new boot id = a new vLLM process (decode polls its prefill peers).
 - `/metrics` serves this process's own prometheus-client registry (`hpd_runtime_*`).
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -59,6 +62,20 @@ class RuntimeMetrics:
             "Seconds from runtime start to the first ready evaluation (load + warmup).",
             registry=r,
         )
+        self.pair_checks = Counter(
+            "hpd_runtime_pair_checks",
+            "Decode pair checks (P->D output vs local) by result: ok, differs.",
+            ["result"],
+            registry=r,
+        )
+        self.pair_ok = Gauge(
+            "hpd_runtime_pair_ok", "Decode: 1 while the last pair check with every prefill peer passed.", registry=r
+        )
+        self.pair_max_logprob_delta = Gauge(
+            "hpd_runtime_pair_max_logprob_delta",
+            "Decode: largest |top-1 logprob| difference P->D vs local in the last pair check (nats).",
+            registry=r,
+        )
         self.vllm_healthy = Gauge(
             "hpd_runtime_vllm_healthy", "1 when the last live check of vLLM /health returned 200.", registry=r
         )
@@ -76,6 +93,19 @@ class RuntimeState:
         self.reason = "vLLM not healthy yet"
         self.warm = threading.Event()
         self.ready_at: float | None = None
+        self.boot_id = uuid.uuid4().hex
+        """Identifies this runtime process (= this vLLM process: `launch` exits with vLLM); decode peers poll it."""
+        self._pair_fault: str | None = None
+
+    def set_pair_fault(self, reason: str | None) -> None:
+        """Decode: why P->D is not trusted now (None = the pair checks pass)."""
+        with self._lock:
+            self._pair_fault = reason
+        self.metrics.pair_ok.set(0 if reason else 1)
+
+    def pair_fault(self) -> str | None:
+        with self._lock:
+            return self._pair_fault
 
     def set_phase(self, phase: str, reason: str) -> None:
         with self._lock:
@@ -119,6 +149,8 @@ def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, s
     if not state.warm.is_set():
         phase, reason = state.snapshot()
         ready, why = False, f"warmup {phase}: {reason}"
+    elif (fault := state.pair_fault()) is not None:
+        ready, why = False, fault
     elif status != 200:
         ready, why = False, f"vLLM {c.PATH_VLLM_HEALTH} returned {status if status is not None else 'no answer'}"
     else:
@@ -147,6 +179,10 @@ def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHT
             elif path == c.PATH_LIVEZ:
                 ok, why = evaluate_liveness(state, cfg)
                 self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == c.PATH_IDENTITY:
+                ready = state.warm.is_set() and state.pair_fault() is None
+                body = json.dumps({"bootId": state.boot_id, "role": cfg.role, "ready": ready}).encode()
+                self._send(200, body, "application/json")
             elif path == c.PATH_METRICS:
                 evaluate_readiness(state, cfg)  # refresh the ready / vLLM health gauges for this scrape
                 self._send(200, generate_latest(state.metrics.registry), CONTENT_TYPE_LATEST)

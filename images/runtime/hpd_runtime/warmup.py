@@ -8,10 +8,16 @@ What is sent, after vLLM `/health` answers 200 (all `/v1/completions`, token-id 
 2. `continuation`: the `chunked` prompt plus one more chunk of new tokens (with prefix caching on, the cached
    prefix makes the SSD kernels run with initial states; with it off, the `long` prompt covers that path);
 3. `concurrent`: HPD_WARMUP_CONCURRENCY requests at once (batched prefill + batched decode);
-4. decode with pair check only: one real prefill -> decode round trip through a Ready prefill pod, found by
-   resolving the prefill headless Service (it publishes only Ready endpoints); prefill gets
-   `kv_transfer_params={do_remote_decode: true, ...}`, `max_tokens=1`, `stream=false`; decode gets the same
-   prompt with the `kv_transfer_params` prefill returned, forwarded unchanged; both with one `X-Request-Id`.
+4. `shape`: one prompt per length of `shape_lengths` (1-3, and p - 1, p, 1.5 p + 3 for every power of two p up to
+   the prompt limit, then the limit): the first request of each new prompt length after Ready measured +10-20 ms
+   on vLLM 0.20 (issue #12) and the token count's length classes (1 / multiple of 16 / other) are compiled
+   separately by Triton, so every class and octave is paid for here (bench/gpu/README.md has the measurement);
+5. `batch`: BATCH_CLASS_SIZE (16) short prompts at once, the "multiple of 16" decode batch class;
+6. decode with pair check only: the output-verified pair check (`hpd_runtime.pairing`) against every Ready
+   prefill pod behind the prefill headless Service (it publishes only Ready endpoints): P->D answers compared with
+   local answers by top-1 logprobs (`hpd_runtime.paircheck`). A mismatch is a verdict, not an error: the pod
+   stays not ready with "P->D output differs from local ..." as the reason; the pair monitor then keeps
+   re-checking, and re-checks whenever the prefill peers change (decode follows prefill).
 
 HPD_WARMUP_PROMPT_LENGTHS replaces the lengths of step 1 (`custom`); steps 2-4 still run.
 
@@ -43,6 +49,15 @@ from typing import Any
 from hpd_runtime.config import RuntimeConfig
 from hpd_runtime.http_client import RequestError, Response, base_url, health_status, request
 from hpd_runtime.log import log_event
+from hpd_runtime.pairing import (
+    PAIR_KV_PARAMS,
+    IdentityFetch,
+    PairChecker,
+    PairMonitor,
+    PairTransportError,
+    Resolver,
+    fetch_identity,
+)
 from hpd_runtime.readiness import RuntimeState
 
 TOKEN_ID_MIN = 3
@@ -53,16 +68,7 @@ LONG_CAP_CHUNKS = 8
 HEALTH_POLL_SECONDS = 1.0
 RETRY_BACKOFF_SECONDS = (2.0, 5.0, 10.0, 20.0, 30.0)
 NOT_READY_REMINDER_SECONDS = 60.0
-PAIR_KV_PARAMS: dict[str, Any] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-
-Resolver = Callable[[str, int], list[tuple[str, int]]]
+__all__ = ["PAIR_KV_PARAMS", "Resolver", "Warmup", "plan_warmup", "resolve_prefill", "start_warmup_thread"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +82,12 @@ class WarmupPrompt:
 class WarmupPlan:
     sequential: tuple[WarmupPrompt, ...]
     concurrent: tuple[WarmupPrompt, ...]
-    pair: WarmupPrompt | None
+    pair: bool
+    """Decode with pair check: run the output-verified pair check (hpd_runtime.pairing) after the local phase."""
+    shapes: tuple[WarmupPrompt, ...] = ()
+    """One prompt per length of `shape_lengths`: every length class up to the prompt limit."""
+    batch: tuple[WarmupPrompt, ...] = ()
+    """BATCH_CLASS_SIZE short prompts at once: a decode batch that is a multiple of 16."""
 
 
 class WarmupError(Exception):
@@ -96,6 +107,29 @@ def prompt_limit(cfg: RuntimeConfig) -> int:
     if cfg.max_model_len is not None:
         return max(1, cfg.max_model_len - cfg.warmup_max_tokens - 1)
     return LONG_CAP_CHUNKS * cfg.ssd_chunk_size + 13
+
+
+SHAPE_MIN = 16
+BATCH_CLASS_SIZE = 16
+
+
+def shape_lengths(limit: int) -> tuple[int, ...]:
+    """Prompt lengths that cover every length class up to `limit`: 1, 2, 3, and for every power of two p from
+    SHAPE_MIN: p - 1 and p (Triton's "divisible by 16" and "not" classes of the token count on both sides of a
+    boundary) and 1.5 p + 3 (a non-multiple between the powers, so GEMM heuristics that change with the token count
+    see every octave twice). Ends with `limit` itself (and limit - 1 when limit is a multiple of 16)."""
+    out: set[int] = {1, 2, 3}
+    p = SHAPE_MIN
+    while p <= limit:
+        out.update({p - 1, p})
+        mid = p + p // 2 + 3
+        if mid <= limit:
+            out.add(mid)
+        p *= 2
+    out.add(limit)
+    if limit % 16 == 0:
+        out.add(limit - 1)
+    return tuple(sorted(n for n in out if 1 <= n <= limit))
 
 
 def plan_warmup(cfg: RuntimeConfig) -> WarmupPlan:
@@ -129,8 +163,12 @@ def plan_warmup(cfg: RuntimeConfig) -> WarmupPlan:
         WarmupPrompt("concurrent", prompt_tokens(clamp(lengths[i % 2] + i), seed=100 + i), n_out)
         for i in range(cfg.warmup_concurrency)
     )
-    pair = WarmupPrompt("pair", prompt_tokens(clamp(2 * chunk + 29), seed=5), n_out) if cfg.warmup_pair_check else None
-    return WarmupPlan(tuple(sequential), concurrent, pair)
+    shapes = tuple(WarmupPrompt("shape", prompt_tokens(n, seed=200 + i), 2) for i, n in enumerate(shape_lengths(limit)))
+    batch = tuple(
+        WarmupPrompt("batch", prompt_tokens(clamp(SHORT_LENGTH + 3 * i), seed=300 + i), n_out)
+        for i in range(BATCH_CLASS_SIZE)
+    )
+    return WarmupPlan(tuple(sequential), concurrent, cfg.warmup_pair_check, shapes, batch)
 
 
 def completion_body(cfg: RuntimeConfig, prompt: WarmupPrompt, **overrides: Any) -> dict[str, Any]:
@@ -164,6 +202,9 @@ class Warmup:
         state: RuntimeState,
         stop: threading.Event | None = None,
         resolver: Resolver = resolve_prefill,
+        *,
+        identity: IdentityFetch = fetch_identity,
+        on_broken: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.state = state
@@ -171,6 +212,12 @@ class Warmup:
         self.resolver = resolver
         self.local = base_url(cfg.vllm_host, cfg.vllm_port)
         self.deadline = float("inf")
+        self.monitor: PairMonitor | None = None
+        if cfg.warmup_pair_check:
+            checker = PairChecker(cfg, state, prompt_limit(cfg), self.remaining)
+            self.monitor = PairMonitor(
+                cfg, state, checker, self.stop, resolver=resolver, identity=identity, on_broken=on_broken
+            )
 
     # --- helpers --------------------------------------------------------------------------------------------------
     def remaining(self) -> float:
@@ -231,51 +278,58 @@ class Warmup:
             self.stop.wait(HEALTH_POLL_SECONDS)
         return False
 
+    def _at_once(self, prompts: Sequence[WarmupPrompt]) -> None:
+        if not prompts:
+            return
+        with concurrent.futures.ThreadPoolExecutor(len(prompts), thread_name_prefix="hpd-warmup") as ex:
+            futures = [ex.submit(self._local, p) for p in prompts]
+            errors = [f.exception() for f in futures]
+        for err in errors:
+            if err is not None:
+                raise err
+
     def local_phase(self, plan: WarmupPlan) -> None:
         for prompt in plan.sequential:
             self._local(prompt)
-        if plan.concurrent:
-            with concurrent.futures.ThreadPoolExecutor(len(plan.concurrent), thread_name_prefix="hpd-warmup") as ex:
-                futures = [ex.submit(self._local, p) for p in plan.concurrent]
-                errors = [f.exception() for f in futures]
-            for err in errors:
-                if err is not None:
-                    raise err
+        self._at_once(plan.concurrent)
+        for prompt in plan.shapes:
+            self._local(prompt)
+        self._at_once(plan.batch)
 
-    def pair_check(self, prompt: WarmupPrompt) -> str:
-        """One prefill -> decode round trip; returns the prefill address used. Raises WarmupError."""
+    def pair_check(self) -> str:
+        """The output-verified pair check against every Ready prefill peer; returns the peers checked.
+
+        Raises WarmupError (retried) when the pair cannot be exercised; a verdict (match or not) is recorded in
+        the state by the monitor (a mismatch keeps the pod not ready with the reason, it is not retried here)."""
         service = self.cfg.prefill_service
-        assert service is not None
+        assert service is not None and self.monitor is not None
         targets = self.resolver(service, self.cfg.prefill_port)
         if not targets:
             raise WarmupError(f"no Ready prefill pod behind {service} (DNS returned no address)")
-        host, port = targets[0]
-        prefill_url = base_url(host, port)
-        rid = f"hpd-warmup-pair-{uuid.uuid4().hex[:12]}"
-        p_body = completion_body(self.cfg, prompt, max_tokens=1, kv_transfer_params=dict(PAIR_KV_PARAMS))
-        resp, error = self._send(prefill_url, "pair_prefill", p_body, rid, f"prefill {host}:{port}")
-        if error is not None or resp is None:
-            raise WarmupError(f"pair check: prefill {host}:{port} failed: {error}")
-        params = resp.body.get("kv_transfer_params") if isinstance(resp.body, dict) else None
-        if not params:
-            raise WarmupError(f"pair check: prefill {host}:{port} returned no kv_transfer_params")
-        d_body = completion_body(self.cfg, prompt, kv_transfer_params=params)
-        resp, error = self._send(self.local, "pair_decode", d_body, rid, "local")
-        if error is not None:
-            raise WarmupError(f"pair check: decode with prefill {host}:{port} kv_transfer_params failed: {error}")
-        return f"{host}:{port}"
+        for host, port in targets:
+            try:
+                result = self.monitor.checker.check(host, port)
+            except PairTransportError as e:  # a 4xx is a configuration error: retrying cannot help
+                raise WarmupError(f"pair check with prefill {host}:{port}: {e}", permanent="HTTP 4" in str(e)) from e
+            self.monitor.record(host, port, result)
+        return ", ".join(f"{h}:{p}" for h, p in targets)
 
     def _retry(self, step: Callable[[], Any], what: str) -> Any:
         attempt = 0
+        last: WarmupError | None = None
         while True:
             try:
                 return step()
             except WarmupError as e:
                 if e.permanent:
                     raise
+                if last is None or not str(e).endswith("deadline reached"):
+                    last = e  # "deadline reached" says nothing about why the earlier attempts failed
                 wait = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
                 if self.remaining() <= wait or self.stop.is_set():
-                    raise WarmupError(f"timed out after {self.cfg.warmup_timeout_seconds:g} s; last error: {e}") from e
+                    raise WarmupError(
+                        f"timed out after {self.cfg.warmup_timeout_seconds:g} s; last error: {last}"
+                    ) from e
                 log_event("warmup_retry", level="warning", step=what, attempt=attempt + 1, wait_s=wait, error=str(e))
                 self.state.set_phase("warming", f"{what} retrying: {e}")
                 attempt += 1
@@ -303,16 +357,17 @@ class Warmup:
             timeout_s=self.cfg.warmup_timeout_seconds,
             lengths=[len(p.tokens) for p in plan.sequential],
             concurrent=len(plan.concurrent),
-            pair_check=plan.pair is not None,
+            shape_lengths=[len(p.tokens) for p in plan.shapes],
+            batch=len(plan.batch),
+            pair_check=plan.pair,
         )
         self.state.set_phase("warming", "sending warmup requests")
         try:
             self._retry(lambda: self.local_phase(plan), "local warmup")
             prefill = None
-            if plan.pair is not None:
-                pair = plan.pair
+            if plan.pair:
                 self.state.set_phase("warming", "pair check")
-                prefill = self._retry(lambda: self.pair_check(pair), "pair check")
+                prefill = self._retry(self.pair_check, "pair check")
         except WarmupError as e:
             took = time.monotonic() - t0
             self.state.metrics.warmup_duration.set(took)
@@ -322,7 +377,8 @@ class Warmup:
             return False
         took = time.monotonic() - t0
         self.state.metrics.warmup_duration.set(took)
-        log_event("warmup_finished", seconds=round(took, 3), pair_prefill=prefill)
+        log_event("warmup_finished", seconds=round(took, 3), pair_prefill=prefill,
+                  pair_fault=self.state.pair_fault())  # fmt: skip
         self.state.mark_warm()
         return True
 
@@ -334,10 +390,18 @@ class Warmup:
 
 
 def start_warmup_thread(
-    cfg: RuntimeConfig, state: RuntimeState, stop: threading.Event, resolver: Resolver = resolve_prefill
+    cfg: RuntimeConfig,
+    state: RuntimeState,
+    stop: threading.Event,
+    resolver: Resolver = resolve_prefill,
+    *,
+    identity: IdentityFetch = fetch_identity,
+    on_broken: Callable[[str], None] | None = None,
 ) -> threading.Thread:
+    """The warmup; then, on decode with the pair check, the pair monitor (decode follows prefill)."""
+
     def target() -> None:
-        w = Warmup(cfg, state, stop, resolver)
+        w = Warmup(cfg, state, stop, resolver, identity=identity, on_broken=on_broken)
         try:
             ok = w.run()
         except Exception as e:  # a bug here must not leave a silent, never-ready pod
@@ -346,6 +410,9 @@ def start_warmup_thread(
             ok = False
         if not ok:
             w.remind_not_ready()
+        elif w.monitor is not None:
+            w.deadline = float("inf")  # re-checks are bounded per request (pairing.REQUEST_TIMEOUT_SECONDS)
+            w.monitor.run()
 
     t = threading.Thread(target=target, name="hpd-warmup", daemon=True)
     t.start()
@@ -354,7 +421,4 @@ def start_warmup_thread(
 
 def describe_plan(plan: WarmupPlan) -> Sequence[tuple[str, int]]:
     """(kind, prompt length) of every request in the plan, for logs and tests."""
-    out = [(p.kind, len(p.tokens)) for p in plan.sequential + plan.concurrent]
-    if plan.pair is not None:
-        out.append(("pair", len(plan.pair.tokens)))
-    return out
+    return [(p.kind, len(p.tokens)) for p in plan.sequential + plan.concurrent + plan.shapes + plan.batch]

@@ -65,6 +65,19 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _exec_probe(period: int, failures: int) -> dict[str, Any]:
+    """`python3 -m hpd_runtime probe`: the runtime's /readyz, with its reason printed. The kubelet puts a failing
+    exec probe's output into the pod's `Unhealthy` Event, which the operator copies into the role condition
+    (hpd_operator.podevents): "P->D output differs from local ..." reaches `kubectl describe hpd` without any
+    credentials in the engine pod. (An httpGet probe's Event carries only the status code.)"""
+    return {
+        "exec": {"command": list(contract.PROBE_COMMAND)},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 10,
+    }
+
+
 def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
     spec, name, ns = cr.spec, cr.metadata.name, cr.metadata.namespace
     rs, rp = spec.role(role), profile.role(role)
@@ -118,10 +131,8 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         ],
         "resources": _resources(rs.resources, rs.tensor_parallel_size),
         "volumeMounts": mounts,
-        "startupProbe": _probe(
-            contract.PATH_READYZ, STARTUP_PERIOD_SECONDS, startup_failure_threshold(spec.warmup.timeout_seconds)
-        ),
-        "readinessProbe": _probe(contract.PATH_READYZ, 5, 3),
+        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_failure_threshold(spec.warmup.timeout_seconds)),
+        "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
         "securityContext": {
             "allowPrivilegeEscalation": False,

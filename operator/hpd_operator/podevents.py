@@ -1,0 +1,67 @@
+"""Pure: the kubelet's probe-failure Events of a role's pods -> why that role is not Ready, for its condition.
+
+The engine pods' startup and readiness probes are exec probes (`python3 -m hpd_runtime probe`) that print the
+runtime's reason. For a failing exec probe the kubelet records a Warning Event on the pod, reason `Unhealthy`,
+message `"<Startup|Readiness> probe failed: <the probe's output>"` (pkg/kubelet/prober/prober.go); an HTTP probe's
+Event would carry only the status code. So the decode runtime's "P->D output differs from local ..." reaches
+`kubectl describe hpd` without the pod holding any Kubernetes credentials: the operator reads its pods' Events
+and copies the newest message into the role condition (DecodeReady / PrefillReady).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+UNHEALTHY = "Unhealthy"
+EVENT_FIELD_SELECTOR = f"involvedObject.kind=Pod,reason={UNHEALTHY}"
+"""What the operator lists (core/v1 Events support these field selectors)."""
+_PROBE_PREFIX = re.compile(r"^(?:\(combined from similar events\):\s*)?(Startup|Readiness) probe failed:\s*", re.S)
+MESSAGE_LIMIT = 600
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _when(event: Mapping[str, Any]) -> str:
+    # RFC 3339 timestamps in UTC sort as strings; eventTime (events.k8s.io) or the legacy fields
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def probe_failure(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> str | None:
+    """`pod NAME: <reason>` from the newest Startup/Readiness probe failure of a pod that is not Ready now.
+
+    Events of Ready pods (stale), of other pods, and other reasons are ignored; None when nothing applies."""
+    waiting = {
+        str((p.get("metadata") or {}).get("name")): str((p.get("metadata") or {}).get("uid") or "")
+        for p in pods
+        if not pod_ready(p)
+    }
+    best: tuple[str, str, str] | None = None
+    for ev in events:
+        obj = ev.get("involvedObject") or {}
+        name = str(obj.get("name"))
+        if obj.get("kind") != "Pod" or name not in waiting or ev.get("reason") != UNHEALTHY:
+            continue
+        if waiting[name] and obj.get("uid") and obj.get("uid") != waiting[name]:
+            continue  # an earlier pod of the same name
+        m = _PROBE_PREFIX.match(str(ev.get("message") or ""))
+        if m is None:
+            continue
+        text = str(ev["message"])[m.end() :].strip()
+        key = (_when(ev), name, text)
+        if best is None or key[0] > best[0]:
+            best = key
+    if best is None:
+        return None
+    text = best[2] if len(best[2]) <= MESSAGE_LIMIT else best[2][: MESSAGE_LIMIT - 3] + "..."
+    return f"pod {best[1]}: {text}"

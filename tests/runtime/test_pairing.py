@@ -1,0 +1,214 @@
+"""The output-verified pair check and the pair monitor, against the vLLM stand-in (loopback only)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from hpd_runtime import contract as c
+from hpd_runtime import paircheck as pc
+from hpd_runtime import warmup as w
+from hpd_runtime.config import RuntimeConfig, load_config
+from hpd_runtime.pairing import RESTART_AFTER_FAILURES, PairMonitor
+from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState, evaluate_readiness
+from hpd_runtime.warmup import Warmup
+
+from .conftest import LOOPBACK, REPO, Fake, free_port, http
+
+# --- the comparison (pure) ---------------------------------------------------------------------------------------
+
+
+def comp(lps: list[float], ids: list[int] | None = None, cached: int | None = 299) -> pc.Completion:
+    return pc.Completion(tuple(ids) if ids else None, tuple(lps), cached, 300)
+
+
+def test_close_logprobs_pass_and_report_the_largest_delta() -> None:
+    v = pc.compare(comp([-1.0, -2.0], [5, 6]), comp([-1.1, -2.05], [5, 6]))
+    assert v.ok and math.isclose(v.max_delta, 0.1)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -9999.0])
+def test_a_non_finite_or_clamped_logprob_fails(bad: float) -> None:
+    v = pc.compare(comp([-1.0, bad], [5, 0]), comp([-1.0, -2.0], [5, 6]))
+    assert not v.ok and "P->D logprob at token 1" in v.reason
+
+
+def test_a_gap_beyond_the_bound_fails_and_names_the_tokens() -> None:
+    v = pc.compare(comp([-4.0], [0]), comp([-1.0], [7]))
+    assert not v.ok and "token 0 vs 7" in v.reason and "> 0.5 nats" in v.reason
+
+
+def test_positions_after_the_first_divergence_are_not_compared() -> None:
+    # ids diverge at token 1 into another valid id (heterogeneous TP does this); token 2 conditions on other text
+    v = pc.compare(comp([-1.0, -1.2, -9.0], [5, 6, 7]), comp([-1.0, -1.3, -1.0], [5, 8, 9]))
+    assert v.ok
+
+
+def test_no_transfer_means_no_verdict() -> None:
+    assert "0 tokens from prefill" in pc.compare(comp([-1.0], cached=0), comp([-1.0])).reason
+    assert "--enable-prompt-tokens-details" in pc.compare(comp([-1.0], cached=None), comp([-1.0])).reason
+
+
+def test_pair_lengths_span_the_diagnosis_set_and_clamp_to_the_limit() -> None:
+    assert pc.pair_lengths(4091) == pc.PAIR_PROMPT_LENGTHS
+    assert pc.pair_lengths(1000) == (300, 650, 1000)
+
+
+def test_summary_names_the_mismatch_and_the_block_size_hint() -> None:
+    bad = pc.Verdict(False, "650-token prompt: ...", math.nan)
+    text = pc.summarize([pc.Verdict(True, "ok", 0.01), bad], "10.0.0.1:8000")
+    assert text.startswith("P->D output differs from local on 1/2 prompts via prefill 10.0.0.1:8000")
+    assert "spec.blockSize" in text
+
+
+# --- against the stand-in ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(w, "RETRY_BACKOFF_SECONDS", (0.05,))
+    monkeypatch.setattr(w, "HEALTH_POLL_SECONDS", 0.05)
+
+
+def decode_cfg(decode: Fake, **env: str) -> RuntimeConfig:
+    base = {
+        c.ENV_VLLM_HOST: LOOPBACK,
+        c.ENV_VLLM_PORT: str(decode.port),
+        c.ENV_MODEL: "fake-model",
+        c.ENV_ROLE: "decode",
+        c.ENV_WARMUP_PAIR_CHECK: "true",
+        c.ENV_PREFILL_SERVICE: "demo-prefill.ns.svc",
+        c.ENV_MAX_MODEL_LEN: "1200",
+        c.ENV_WARMUP_CONCURRENCY: "1",
+        c.ENV_WARMUP_TIMEOUT_SECONDS: "60",
+    }
+    return load_config({**base, **env})
+
+
+class Peers:
+    """What DNS and the prefill runtimes would answer: one prefill address and its boot id."""
+
+    def __init__(self, prefill: Fake) -> None:
+        self.addrs = [(LOOPBACK, prefill.port)]
+        self.boot = "boot-1"
+
+    def resolve(self, service: str, port: int) -> list[tuple[str, int]]:
+        return list(self.addrs)
+
+    def identity(self, host: str, port: int) -> str | None:
+        return self.boot
+
+
+def warm(
+    cfg: RuntimeConfig, peers: Peers, on_broken: Callable[[str], None] | None = None
+) -> tuple[Warmup, RuntimeState]:
+    state = RuntimeState(RuntimeMetrics())
+    wu = Warmup(cfg, state, threading.Event(), peers.resolve, identity=peers.identity, on_broken=on_broken)
+    assert wu.run()
+    return wu, state
+
+
+@pytest.mark.parametrize("mode", ["wrong-tokens", "nan", "no-transfer"])
+def test_decode_stays_unready_when_pd_output_is_wrong(start_fake: Callable[..., Fake], mode: str) -> None:
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", "--pd-output", mode)
+    cfg = decode_cfg(decode)
+    _, state = warm(cfg, Peers(prefill))
+    ready, why = evaluate_readiness(state, cfg)
+    assert not ready
+    if mode == "no-transfer":
+        assert "no KV transfer happened" in why
+    else:
+        assert why.startswith(pc.DIFFERS) and "spec.blockSize" in why
+    assert state.metrics.registry.get_sample_value("hpd_runtime_pair_ok") == 0
+
+
+def test_decode_is_ready_when_pd_matches_local(start_fake: Callable[..., Fake]) -> None:
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    cfg = decode_cfg(decode)
+    _, state = warm(cfg, Peers(prefill))
+    assert evaluate_readiness(state, cfg) == (True, "ok")
+    delta = state.metrics.registry.get_sample_value("hpd_runtime_pair_max_logprob_delta")
+    assert delta is not None and math.isclose(delta, 0.01, abs_tol=1e-6)  # the stand-in's healthy P->D shift
+
+
+def test_a_prefill_restart_triggers_a_recheck_and_decode_follows(start_fake: Callable[..., Fake]) -> None:
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    cfg = decode_cfg(decode)
+    peers = Peers(prefill)
+    broken: list[str] = []
+    wu, state = warm(cfg, peers, broken.append)
+    monitor = wu.monitor
+    assert isinstance(monitor, PairMonitor)
+    n_prefill = len(prefill.requests())
+
+    monitor.step()  # nothing changed: no new pair requests
+    assert len(prefill.requests()) == n_prefill
+
+    decode.control(pd_output="wrong-tokens")  # the stale-agent failure, as decode would see it
+    peers.boot = "boot-2"  # the prefill's vLLM restarted
+    monitor.step()
+    assert len(prefill.requests()) > n_prefill
+    ready, why = evaluate_readiness(state, cfg)
+    assert not ready and why.startswith(pc.DIFFERS)
+
+    for _ in range(RESTART_AFTER_FAILURES - 1):  # still broken on the next polls: give up on this vLLM
+        monitor.step()
+    assert broken and broken[0].startswith(pc.DIFFERS)
+
+    decode.control(pd_output="ok")  # after the restart (or once the prefill is fixed) the pair passes again
+    peers.boot = "boot-3"
+    monitor.step()
+    assert evaluate_readiness(state, cfg) == (True, "ok")
+
+
+def test_a_new_prefill_address_is_checked_and_a_gone_one_forgotten(start_fake: Callable[..., Fake]) -> None:
+    prefill, other = start_fake(), start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    cfg = decode_cfg(decode)
+    peers = Peers(prefill)
+    wu, _ = warm(cfg, peers)
+    assert wu.monitor is not None
+    peers.addrs = [(LOOPBACK, other.port)]  # the headless Service's DNS answer changed (a new pod IP)
+    wu.monitor.step()
+    assert other.requests() and set(wu.monitor.verified) == {(LOOPBACK, other.port)}
+
+
+# --- the exec probe ------------------------------------------------------------------------------------------------
+
+
+def test_probe_prints_the_readiness_reason_and_fails(start_fake: Callable[..., Fake]) -> None:
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", "--pd-output", "nan")
+    port = free_port()
+    cfg = decode_cfg(decode, **{c.ENV_RUNTIME_HOST: LOOPBACK, c.ENV_RUNTIME_PORT: str(port)})
+    _, state = warm(cfg, Peers(prefill))
+    server = ReadinessServer(state, cfg).start()
+    try:
+        assert http("GET", f"http://{LOOPBACK}:{port}{c.PATH_IDENTITY}")[1].startswith('{"bootId"')
+        env = {"PYTHONPATH": str(REPO / "images" / "runtime"), c.ENV_RUNTIME_PORT: str(port)}
+        out = subprocess.run(
+            [sys.executable, "-m", "hpd_runtime", "probe"], env=env, capture_output=True, text=True, check=False
+        )
+    finally:
+        server.stop()
+    assert out.returncode == 1
+    assert out.stdout.startswith(pc.DIFFERS) and "is nan" in out.stdout
+
+
+def test_a_pd_request_that_fails_while_local_succeeds_is_a_mismatch(start_fake: Callable[..., Fake]) -> None:
+    """vLLM 0.20 answers HTTP 400 when a P->D answer's logprobs are NaN (blockSize 128 on the H200,
+    bench/results/2026-11-29-gpu-issue12-block128.json): that must read as a P->D mismatch, not a config error."""
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", "--pd-output", "nan-http-400")
+    cfg = decode_cfg(decode)
+    _, state = warm(cfg, Peers(prefill))
+    ready, why = evaluate_readiness(state, cfg)
+    assert not ready and why.startswith(pc.DIFFERS) and "HTTP 400" in why and "nan" in why
