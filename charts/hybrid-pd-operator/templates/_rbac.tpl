@@ -24,9 +24,11 @@ only) is the one cluster-scoped rule, in both scopes, behind rbac.readNodes (tem
   verbs: ["update"]
 # Events on the CR: Created/Updated/Pruned and condition transitions (report.event) and kopf's warnings. An Event
 # has a deterministic name per CR/type/reason/message: create, and on a repeat get + patch its count (aggregation).
+# list: the kubelet's probe-failure Events of the engine pods (report.observe_probe_events, only while a pod is not
+# Ready), whose message carries the runtime's reason (e.g. "P->D output differs from local") into DecodeReady.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "get", "patch"]
+  verbs: ["create", "get", "patch", "list"]
 # Children (apply.KINDS). patch: server-side apply updates them (apply.apply); create: the same apply PATCH creates
 # a missing child, which the apiserver authorizes as `create` too; list: the existing set by label selector, to
 # prune and to observe Deployment status (apply.list_children); delete: prune of children no longer desired
@@ -54,9 +56,10 @@ only) is the one cluster-scoped rule, in both scopes, behind rbac.readNodes (tem
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "list", "create", "patch", "delete"]
-# Not read by the operator itself: Kubernetes lets it create the router's Role (get/list/watch pods, the
-# router's discovery) only if it holds those permissions itself (RBAC escalation prevention). Holding them is far
-# narrower than the alternative, the `escalate` and `bind` verbs on roles, which would let it grant anything.
+# list: the operator reads each role's pods (report.observe_pods: the scheduler's Unschedulable verdict, pods on
+# lost nodes, not-Ready pods whose probe Events explain why). get/watch: Kubernetes lets it create the router's Role
+# (get/list/watch pods, the router's discovery) only if it holds those permissions itself (RBAC escalation
+# prevention), far narrower than the `escalate` and `bind` verbs on roles, which would let it grant anything.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
