@@ -259,6 +259,8 @@ def restricted_namespace(api_client: client.ApiClient) -> Iterator[str]:
         "pod-security.kubernetes.io/enforce-version": "latest",
     }
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
+    # pods are refused until the ServiceAccount controller made `default` (tests/conftest.py's namespace waits too)
+    wait_for(lambda: core.read_namespaced_service_account("default", name), 60, what="default ServiceAccount")
     yield name
     core.delete_namespace(name)
 
