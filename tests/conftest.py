@@ -54,5 +54,17 @@ def namespace(api_client: object) -> Iterator[str]:
     core = client.CoreV1Api(api_client)
     name = f"t-{uuid.uuid4().hex[:10]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for_default_service_account(core, name)
     yield name
     core.delete_namespace(name)
+
+
+def wait_for_default_service_account(core: object, namespace: str) -> None:
+    """Pods are refused until the ServiceAccount controller made `default` (under load that takes a while), and a
+    ReplicaSet backs off exponentially after a refused pod: wait for it before anything creates pods."""
+    from kubernetes import client
+
+    from hpd_devcluster.testing import wait_for
+
+    assert isinstance(core, client.CoreV1Api)
+    wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, what=f"{namespace}/default SA")

@@ -51,10 +51,19 @@ def test_a_broken_cr_is_its_own_problem_and_the_others_are_still_served(
     operator: Operator, api_client: client.ApiClient, namespace: str
 ) -> None:
     ns = namespace
-    # the first of these the CRD accepts: a builder raises on the first, the apiserver refuses the second
-    for field, value in (("podTemplate", {"metadata": {"labels": "oops"}}), ("affinity", {"nodeAffinity": "oops"})):
+    # the first of these the CRD accepts: a builder raises on the first, the apiserver refuses the others' Deployments
+    bad_env = [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s"}}}]
+    for field, value in (
+        ("decode.podTemplate", {"metadata": {"labels": "oops"}}),
+        ("decode.affinity", {"nodeAffinity": "oops"}),
+        ("env", bad_env),
+    ):
         broken = seed("broken")
-        broken["spec"]["decode"][field] = value
+        parent, _, key = ("spec." + field).rpartition(".")
+        node = broken
+        for part in parent.split("."):
+            node = node[part]
+        node[key] = value
         try:
             create(api_client, ns, broken)
             break
@@ -67,7 +76,7 @@ def test_a_broken_cr_is_its_own_problem_and_the_others_are_still_served(
     cr = wait_cr(api_client, ns, "broken", lambda c: cond(c, "Ready").get("reason") is not None, "broken status")
     ready = cond(cr, "Ready")
     assert ready["status"] == "False" and ready["reason"] in ("ReconcileError", "ApplyFailed"), ready
-    assert f"spec.decode.{field}" in ready["message"] or "Deployment broken-decode" in ready["message"], ready
+    assert f"spec.{field}" in ready["message"] or "Deployment broken-" in ready["message"], ready
     assert cr["status"]["observedGeneration"] == cr["metadata"]["generation"]
     assert cr["status"]["phase"] == "Failed"
 
@@ -259,6 +268,8 @@ def restricted_namespace(api_client: client.ApiClient) -> Iterator[str]:
         "pod-security.kubernetes.io/enforce-version": "latest",
     }
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
+    # pods are refused until the ServiceAccount controller made `default` (tests/conftest.py's namespace waits too)
+    wait_for(lambda: core.read_namespaced_service_account("default", name), 60, what="default ServiceAccount")
     yield name
     core.delete_namespace(name)
 
