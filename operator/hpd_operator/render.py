@@ -20,6 +20,7 @@ import pydantic
 import yaml
 
 from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.api.rules import violations
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_runtime import contract
@@ -34,9 +35,13 @@ PROFILE_KIND = "HybridPDProfile"
 def parse_cr(obj: dict[str, Any]) -> HybridPDDeployment:
     """Parse one CR dict; schema errors become a SpecError with camelCase field paths."""
     try:
-        return HybridPDDeployment.model_validate(obj)
+        cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
         raise SpecError.from_validation_error(err, prefix="") from None
+    problems = violations("root", cr, "")  # metadata.name; the spec's rules run in compute_profile
+    if problems:
+        raise SpecError(problems)
+    return cr
 
 
 class RenderError(Exception):
