@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator" / "hpd_operator" / "vllm_flags"))
 import _dump
 
-SKIP = {"model_tag", "subparser"}
+SKIP = {"model_tag", "subparser", "port"}
 
 
 def main() -> int:
@@ -46,7 +46,7 @@ def main() -> int:
         ok, msg = True, ""
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             try:
-                top.parse_args(["serve", "--model", "m", *case])
+                top.parse_args(["serve", "--model", "m", "--port", "8000", *case])  # as in the pod: options first
             except SystemExit as e:
                 ok, msg = False, f"exit {e.code}: {err.getvalue().strip().splitlines()[-1:]}"
             except Exception as e:  # vLLM's own rewrite can raise (IndexError on a dangling dotted flag)

@@ -232,8 +232,12 @@ def resolve(table: FlagTable, args: list[str]) -> list[Item]:
     while j < len(toks):
         t, k = toks[j], kinds[j]
         j += 1
-        if t.text == "--" and not dashdash:  # argparse drops the first `--`; every later item is a (stray) value
+        if t.text == "--" and not dashdash:
+            # After the operator's own options argparse cannot place a `--` (vLLM exits with 'unrecognized
+            # arguments: --'), and every later item becomes a stray value.
             dashdash = True
+            items.append(Item(t.origin, "error", args[t.origin], message="a bare `--` (vLLM exits with "
+                              "'unrecognized arguments: --')"))  # fmt: skip
             continue
         if dashdash:
             k = None
