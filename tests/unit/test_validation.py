@@ -301,3 +301,24 @@ def test_pod_template_merge_keeps_the_operators_container_and_labels() -> None:
     assert ctr["command"][:3] == ["python3", "-m", "hpd_runtime"] and ctr["readinessProbe"] and ctr["ports"]
     assert dep["spec"]["template"]["metadata"]["labels"]["team"] == "a"
     assert c.DENIED_FLAGS  # the deny-list stays the one source of reasons
+
+
+@pytest.mark.parametrize(
+    ("pod_template", "field"),
+    [
+        ({"metadata": {"labels": "oops"}}, "spec.decode.podTemplate.metadata.labels"),
+        ({"spec": {"containers": "vllm"}}, "spec.decode.podTemplate.spec.containers"),
+        ({"spec": {"hostPID": "yes"}}, "spec.decode.podTemplate.spec.hostPID"),
+        ({"spec": {"volumes": [{"name": "v", "nfs": {"server": "x"}}]}}, "spec.decode.podTemplate.spec.volumes.0.nfs"),
+    ],
+)
+def test_a_malformed_pod_template_stored_before_the_schema_is_an_invalid_spec_naming_the_field(
+    pod_template: dict[str, Any], field: str
+) -> None:
+    """An object the apiserver stored under an older, looser CRD reaches the operator as-is: it must become a
+    SpecError naming the field (the InvalidSpec condition), never an exception elsewhere."""
+    with pytest.raises(SpecError) as ei:
+        compute_profile(parse_cr(cr("m", decode={"podTemplate": pod_template})).spec)
+    assert any(v.field.replace("[", ".").replace("]", "").startswith(field) for v in ei.value.violations), (
+        ei.value.message
+    )
