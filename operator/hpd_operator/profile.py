@@ -37,6 +37,7 @@ from hpd_operator.api.models import (
     VersionRuleStatus,
 )
 from hpd_operator.errors import SpecError, SpecViolation
+from hpd_operator.validation import check_extra_args, check_spec, unique
 from hpd_runtime import contract
 
 KV_CONNECTOR: Final = "NixlConnector"
@@ -524,35 +525,6 @@ def _divisible_partners(p: int) -> list[int]:
     return [t for t in range(1, c.MAX_TENSOR_PARALLEL_SIZE + 1) if p % t == 0 or t % p == 0][:8]
 
 
-def _check_args(args: list[str], field: str, hybrid: bool, out: list[SpecViolation]) -> None:
-    kv_both = next(r for r in VERSION_RULES if r.key == "kv-both-deprecated")
-    for i, arg in enumerate(args):
-        flag = c.normalize_flag(arg)
-        if flag is not None and flag in c.DENIED_FLAGS:
-            rule = "no-speculative-decoding" if flag in c.SPECULATIVE_FLAGS else "operator-owned-flag"
-            if flag in c.SPECULATIVE_FLAGS and not hybrid:
-                continue
-            out.append(SpecViolation(f"{field}[{i}]", rule, f"{flag} is not allowed here: {c.DENIED_FLAGS[flag]}"))
-        if "kv_both" in arg:
-            out.append(
-                SpecViolation(
-                    f"{field}[{i}]",
-                    "no-kv-both",
-                    "kv_role kv_both is not used for P/D (prefill is kv_producer, decode is "
-                    f"kv_consumer; kv_both is deprecated from vLLM 0.{kv_both.first}, {kv_both.upstream})",
-                )
-            )
-
-
-def _check_env(spec: HybridPDDeploymentSpec, out: list[SpecViolation]) -> None:
-    for i, e in enumerate(spec.env):
-        if e.name.startswith(c.OWNED_ENV_PREFIX) or e.name in c.OWNED_ENV:
-            why = c.OWNED_ENV.get(e.name, "HPD_* is the operator/runtime contract")
-            out.append(
-                SpecViolation(f"spec.env[{i}].name", "operator-owned-env", f"{e.name} is set by the operator: {why}")
-            )
-
-
 def _role_profile(
     spec: HybridPDDeploymentSpec, role: contract.Role, *, row: VersionRow, hybrid: bool, model: str, chunk: int | None
 ) -> RoleProfile:
@@ -749,17 +721,10 @@ def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) ->
     cfg, cfg_src = model_config(spec)
     hybrid, hybrid_reason = _resolve_hybrid(spec, cfg, cfg_src)
     problems: list[SpecViolation] = []
-    if spec.block_size is not None and spec.block_size % 16:
-        problems.append(
-            SpecViolation(
-                "spec.blockSize", "block-size-multiple-of-16", f"{spec.block_size} is not a multiple of 16 (e.g. 1024)"
-            )
-        )
     _check_tp(spec, row=row, cfg=cfg, cfg_src=cfg_src, hybrid=hybrid, out=problems)
-    _check_args(spec.extra_args, "spec.extraArgs", hybrid, problems)
-    for role in contract.ROLES:
-        _check_args(spec.role(role).extra_args, f"spec.{role}.extraArgs", hybrid, problems)
-    _check_env(spec, problems)
+    # The rule table (the CRD's CEL rules, re-checked; a rule _check_tp reports with more detail is kept once) and
+    # extraArgs as vLLM's parser reads them: validation.py.
+    problems = unique(problems + check_spec(spec) + check_extra_args(spec, hybrid=hybrid))
     if problems:
         raise SpecError(problems)
     model = model_path(spec)

@@ -21,6 +21,7 @@ import yaml
 
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import HybridPDDeployment, with_default_images, with_default_pod_monitor_labels
+from hpd_operator.api.rules import violations
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_runtime import contract
@@ -46,6 +47,9 @@ def parse_cr(
         cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
         raise SpecError.from_validation_error(err, prefix="") from None
+    problems = violations("root", cr, "")  # metadata.name; the spec's rules run in compute_profile
+    if problems:
+        raise SpecError(problems)
     image_set = isinstance(obj.get("spec"), dict) and obj["spec"].get("image") is not None
     cr = with_default_images(cr, vllm_image=vllm_image, router_image=router_image, image_set=image_set)
     return with_default_pod_monitor_labels(cr, pod_monitor_labels or {})

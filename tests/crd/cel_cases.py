@@ -1,13 +1,16 @@
 """Objects the CRD must reject, with the message the apiserver gives (for the cluster tests).
 
-Each case: (id, spec, substring of the apiserver's error). All were checked by hand with
-`kubectl apply --dry-run=server` against the local control plane (k8s 1.35.4).
+Each case: (id, spec, substring of the apiserver's error); the id is the rule's id in hpd_operator.api.rules where
+the case exercises a rule-table row. tests/cluster/test_crd_cel.py applies every case to the real apiserver
+(server-side dry run) and tests/crd/test_crd_in_sync.py runs them through the operator's own checks.
 Usage: `for id, spec, msg in BAD_SPECS: apply {"apiVersion": ..., "kind": ..., "metadata": ..., "spec": spec}`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from hpd_operator.api.rules import FORBIDDEN_CONTAINER_FIELDS, FORBIDDEN_POD_FIELDS, FORBIDDEN_VOLUME_FIELDS
 
 M = {"name": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"}
 
@@ -30,7 +33,7 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         "extraArgs may not contain flags the operator owns",
     ),
     ("block-size-multiple-of-16", {"model": M, "blockSize": 40}, "spec.blockSize must be a multiple of 16"),
-    ("owned-env", {"model": M, "env": [{"name": "HPD_ROLE", "value": "x"}]}, "spec.env may not set env"),
+    ("operator-owned-env", {"model": M, "env": [{"name": "HPD_ROLE", "value": "x"}]}, "spec.env may not set env"),
     ("cache-pvc-needs-claim", {"model": M, "cache": {"type": "pvc"}}, "cache.claimName is required"),
     (
         "one-model-source",
@@ -43,10 +46,94 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         {"model": M, "vllmVersion": "0.19.0"},
         "spec.vllmVersion must be a vLLM release from 0.20 to 0.33",
     ),
+    ("side-channel-port-free", {"model": M, "kvTransfer": {"sideChannelPort": 8000}}, "may not be 8000"),
+    ("side-channel-port-free", {"model": M, "kvTransfer": {"sideChannelPort": 8081}}, "may not be 8000"),
+    (
+        "warmup-prompt-shorter-than-max-model-len",
+        {"model": {**M, "maxModelLen": 1024}, "warmup": {"promptLengths": [512, 4096]}},
+        "must be shorter than spec.model.maxModelLen",
+    ),
+    ("quantity", {"model": M, "decode": {"resources": {"limits": {"cpu": "abc"}}}}, "limits.cpu in body should match"),
+    ("quantity-negative", {"model": M, "prefill": {"resources": {"requests": {"memory": "-1Gi"}}}}, "should match"),
+    ("gpu-memory-utilization-min", {"model": M, "gpuMemoryUtilization": 0.0001}, "greater than or equal to 0.05"),
+    ("max-model-len-max", {"model": {**M, "maxModelLen": 16777216}}, "less than or equal to 1048576"),
+    ("pod-template-labels-type", {"model": M, "decode": {"podTemplate": {"metadata": {"labels": "oops"}}}},
+     "labels in body must be of type object"),
+    ("pod-template-container-is-vllm", {"model": M, "decode": {"podTemplate": {"spec": {"containers": [{"name": "x"}]}}}},
+     "may only name the `vllm` container"),
+    ("toleration-operator", {"model": M, "decode": {"tolerations": [{"key": "a", "operator": "Sometimes"}]}},
+     "Unsupported value"),
+    ("affinity-unknown", {"model": M, "decode": {"affinity": {"nodeAfinity": {}}}}, "unknown field"),
+]  # fmt: skip
+
+_SAMPLE: dict[str, Any] = {"bool": True, "str": "x", "obj": {}, "list": [{}], "strlist": ["x"], "map": {"a": "b"}}
+_KIND = {
+    **dict.fromkeys(["hostNetwork", "hostPID", "hostIPC", "hostUsers", "automountServiceAccountToken",
+                     "shareProcessNamespace"], "bool"),
+    **dict.fromkeys(["serviceAccountName", "serviceAccount", "nodeName", "image", "workingDir"], "str"),
+    **dict.fromkeys(["initContainers", "ephemeralContainers", "tolerations", "ports", "env", "envFrom"], "list"),
+    **dict.fromkeys(["command", "args"], "strlist"),
+    "nodeSelector": "map",
+}  # fmt: skip
+
+
+def _refused(where: str, name: str) -> dict[str, Any]:
+    value = _SAMPLE[_KIND.get(name, "obj")]
+    pod: dict[str, Any]
+    if where == "pod":
+        pod = {name: value}
+    elif where == "container":
+        pod = {"containers": [{"name": "vllm", name: value}]}
+    else:
+        pod = {"volumes": [{"name": "v", name: value}]}
+    return {"model": M, "prefill": {"podTemplate": {"spec": pod}}}
+
+
+BAD_SPECS += [
+    (f"podTemplate.spec-{n}-not-allowed", _refused("pod", n), f"podTemplate.spec.{n} may not be set")
+    for n in FORBIDDEN_POD_FIELDS
 ]
+BAD_SPECS += [
+    (f"podTemplate.spec.containers[]-{n}-not-allowed", _refused("container", n), f"containers[].{n} may not be set")
+    for n in FORBIDDEN_CONTAINER_FIELDS
+]
+BAD_SPECS += [
+    (f"podTemplate.spec.volumes[]-{n}-not-allowed", _refused("volume", n), f"volumes[].{n} may not be set")
+    for n in FORBIDDEN_VOLUME_FIELDS
+]
+
+BAD_NAMES: list[tuple[str, str, str]] = [
+    ("name-dns-1035", "a.b", "must be a DNS-1035 label"),
+    ("name-dns-1035", "1a", "must be a DNS-1035 label"),
+    ("name-dns-1035", "a" * 56, "must be a DNS-1035 label"),
+    ("name-no-child-suffix", "a-prefill", "may not end in -prefill"),
+    ("name-no-child-suffix", "a-router", "may not end in -prefill"),
+]
+"""(rule id, metadata.name, substring of the apiserver's error)."""
 
 GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
     ("extra-args-allowed", {"model": M, "extraArgs": ["--enforce-eager", "--model-impl", "vllm"]}),
+    (
+        "pod-template-allowed",
+        {
+            "model": M,
+            "decode": {
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {}},
+                "resources": {"limits": {"cpu": "500m"}},
+                "podTemplate": {
+                    "metadata": {"labels": {"team": "a"}},
+                    "spec": {
+                        "runtimeClassName": "nvidia",
+                        "priorityClassName": "high",
+                        "containers": [{"name": "vllm", "imagePullPolicy": "Always"}],
+                        "volumes": [{"name": "v", "emptyDir": {}}],
+                    },
+                },
+            },
+        },
+    ),
+    ("max-model-len-1m", {"model": {**M, "maxModelLen": 1048576}, "gpuMemoryUtilization": 0.9}),
     ("quantities", {"model": M, "decode": {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "64Gi"}}}}),
     (
         "hetero-tp",

@@ -9,6 +9,9 @@ import pytest
 import yaml
 
 from hpd_operator.api import crdgen
+from hpd_operator.api.rules import RULES
+
+RULE_IDS = {r.id for r in RULES}
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "hybridpddeployments.hybridpd.io.yaml"
@@ -119,15 +122,31 @@ def test_defaults_reach_nested_fields(crd: dict[str, Any]) -> None:
 def test_cel_cases_are_rejected_by_the_operator_too() -> None:
     """What the apiserver rejects (tests/crd/cel_cases.py), the operator's own validation rejects as well."""
     import pydantic
-    from cel_cases import BAD_SPECS, GOOD_SPECS  # tests/crd is on sys.path (rootdir-relative, no package)
+    from cel_cases import BAD_NAMES, BAD_SPECS, GOOD_SPECS  # tests/crd is on sys.path (rootdir-relative)
 
     from hpd_operator.api.models import HybridPDDeploymentSpec
     from hpd_operator.errors import SpecError
     from hpd_operator.profile import compute_profile
+    from hpd_operator.render import parse_cr
 
     for case, spec, _ in BAD_SPECS:
-        with pytest.raises((pydantic.ValidationError, SpecError)):
+        with pytest.raises((pydantic.ValidationError, SpecError)) as ei:
             compute_profile(HybridPDDeploymentSpec.model_validate(spec))
-        assert case
+        if isinstance(ei.value, SpecError) and case in RULE_IDS:
+            assert case in {v.rule for v in ei.value.violations}, (case, ei.value.message)
     for _, spec in GOOD_SPECS:
         compute_profile(HybridPDDeploymentSpec.model_validate(spec))
+    for rule, name, _ in BAD_NAMES:
+        obj = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "metadata": {"name": name},
+               "spec": {"model": {"name": "x/y"}}}  # fmt: skip
+        with pytest.raises(SpecError) as ei2:
+            parse_cr(obj)
+        assert rule in {v.rule for v in ei2.value.violations}
+
+
+def test_every_cel_rule_of_the_table_has_a_recorded_case() -> None:
+    from cel_cases import BAD_NAMES, BAD_SPECS
+
+    cases = {case for case, _, _ in BAD_SPECS} | {rule for rule, _, _ in BAD_NAMES}
+    missing = {r.id for r in RULES if r.cel is not None} - cases
+    assert not missing, f"rules without a case in tests/crd/cel_cases.py: {sorted(missing)}"

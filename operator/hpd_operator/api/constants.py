@@ -48,6 +48,10 @@ MAX_ARG_LENGTH: Final = 1024
 MAX_ENV: Final = 64
 MAX_TENSOR_PARALLEL_SIZE: Final = 64
 MAX_REPLICAS: Final = 1024
+MAX_RESOURCES: Final = 16
+MAX_MODEL_LEN: Final = 1_048_576
+"""Nemotron 3 Nano's 1M-token context, the longest of the supported models."""
+MIN_GPU_MEMORY_UTILIZATION: Final = 0.05
 
 # --- Flags the operator owns or forbids in extraArgs -----------------------------------------------------------------
 # flag -> where the setting lives instead / why it is refused. vLLM's FlexibleArgumentParser also accepts
@@ -76,6 +80,10 @@ DENIED_FLAGS: Final = MappingProxyType(
         "--speculative-model": "speculative decoding is not validated with hybrid P/D",
         "--num-speculative-tokens": "speculative decoding is not validated with hybrid P/D",
         "--disable-log-stats": "it removes every vllm:* metric from /metrics (dashboards, alerts, autoscaling)",
+        "--pipeline-parallel-size": "one pipeline stage per pod: GPUs, the NIXL handshake and the cache key assume it",
+        "--data-parallel-size": "one data-parallel rank per pod: the NIXL side-channel port is base + DP rank",
+        "--config": "a YAML file of flags would bypass these checks (vLLM reads it before the command line)",
+        "--help": "vLLM prints its help and exits (the pod would restart forever)",
     }
 )
 """Flags that may not appear in spec.extraArgs / spec.<role>.extraArgs, with the reason shown to the user."""

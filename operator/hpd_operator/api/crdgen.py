@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from hpd_operator.api.models import HybridPDDeploymentSpec, HybridPDDeploymentStatus
+from hpd_operator.api.rules import cel_rules
 from hpd_runtime import contract
 
 Schema = dict[str, Any]
@@ -79,6 +80,12 @@ def _structural(node: Any, *, keep_defaults: bool = True) -> Any:
             node = inner
         elif types == ["integer", "string"]:
             node["x-kubernetes-int-or-string"] = True
+            # A string branch's pattern/maxLength and an integer branch's minimum apply to that kind of value only,
+            # which is how the apiserver reads them on an int-or-string node too.
+            for b in branches:
+                for k in ("pattern", "maxLength", "minimum"):
+                    if k in b:
+                        node.setdefault(k, b[k])
         else:
             raise ValueError(f"cannot make a structural schema of anyOf {branches}")
     node.pop("title", None)
@@ -137,6 +144,7 @@ def build_crd() -> dict[str, Any]:
             "spec": spec,
             "status": status,
         },
+        "x-kubernetes-validations": cel_rules("root"),
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

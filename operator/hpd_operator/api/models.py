@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from hpd_operator.api import constants as c
+from hpd_operator.api.rules import QUANTITY_PATTERN, cel_rules
 from hpd_runtime import contract
 
 PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
@@ -61,7 +62,11 @@ class _Model(BaseModel):
     )
 
 
-Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+"""A non-negative Kubernetes quantity (`4`, `64Gi`, `500m`); crdgen lifts the pattern onto the int-or-string node."""
 Args = Annotated[
     list[Annotated[str, Field(max_length=c.MAX_ARG_LENGTH)]],
     Field(max_length=c.MAX_EXTRA_ARGS),
@@ -110,21 +115,9 @@ class HuggingFaceModelSource(_Model):
 class ModelSource(_Model):
     """Where the weights come from: a PVC or a Hugging Face repo (default: the repo named spec.model.name)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("!(has(self.pvc) && has(self.huggingface))", "set only one of model.source.pvc and huggingface")
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("modelSource")})
     pvc: PvcModelSource | None = None
     huggingface: HuggingFaceModelSource | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSource:
-        if self.pvc is not None and self.huggingface is not None:
-            raise ValueError("set only one of model.source.pvc and huggingface")
-        return self
 
 
 class ModelConfigSpec(_Model):
@@ -149,23 +142,14 @@ class ModelConfigSpec(_Model):
 
 
 class ModelSpec(_Model):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!self.name.matches('^\\\\s*$')",
-                    "spec.model.name must be a non-empty model id, e.g. nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8",
-                    ".name",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("model")})
     name: str = Field(min_length=1, max_length=253)
     """Served model name (clients send it as `model`); also the HF repo id unless source says otherwise."""
     source: ModelSource | None = None
     """Where the weights come from; default: the Hugging Face repo spec.model.name."""
-    max_model_len: int | None = Field(default=None, ge=1, le=16_777_216)
-    """--max-model-len on both roles; default: the model's own."""
+    max_model_len: int | None = Field(default=None, ge=16, le=c.MAX_MODEL_LEN)
+    """--max-model-len on both roles; default: the model's own. At most 1048576 (Nemotron 3 Nano's 1M context,
+    the longest of the supported models); a longer one fails at load or leaves no room for a KV block."""
     dtype: Literal["auto", "bfloat16", "float16", "half", "float32"] = "auto"
     """--dtype on both roles (it is part of the NIXL compatibility hash, so it is one value for both)."""
     hybrid: Literal["auto", "mamba2", "none"] = "auto"
@@ -174,15 +158,6 @@ class ModelSpec(_Model):
     config: ModelConfigSpec | None = None
     """Model config numbers for the TP checks, when the model is not in the operator's built-in table."""
 
-    @field_validator("name")
-    @classmethod
-    def _name_not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError(
-                "spec.model.name must be a non-empty model id, e.g. nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
-            )
-        return v
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Roles
@@ -190,34 +165,148 @@ class ModelSpec(_Model):
 class ResourceRequirements(_Model):
     """Container resources; nvidia.com/gpu is set from tensorParallelSize unless given here."""
 
-    limits: dict[str, Quantity] | None = None
-    requests: dict[str, Quantity] | None = None
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("resources")})
+    limits: Annotated[dict[str, Quantity], Field(max_length=c.MAX_RESOURCES)] | None = None
+    requests: Annotated[dict[str, Quantity], Field(max_length=c.MAX_RESOURCES)] | None = None
+
+
+class Toleration(_Model):
+    """core/v1 Toleration."""
+
+    key: str | None = Field(default=None, max_length=317)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+_Free = Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)]
+"""A core/v1 object whose inner shape the apiserver checks when the Deployment is applied."""
+# Refused fields: declared (with their core/v1 type, which CEL needs) only so that a CEL rule can refuse them by
+# name; an undeclared field would be pruned silently by the apiserver.
+_NoBool = bool
+_NoStr = Annotated[str, Field(max_length=253)]
+_NoObj = _Free
+_NoList = Annotated[list[_Free], Field(max_length=16)]
+_NoStrList = Annotated[list[Annotated[str, Field(max_length=1024)]], Field(max_length=64)]
+_NoMap = Annotated[dict[str, str], Field(max_length=64)]
+
+
+class Affinity(_Model):
+    """core/v1 Affinity."""
+
+    node_affinity: _Free | None = None
+    pod_affinity: _Free | None = None
+    pod_anti_affinity: _Free | None = None
+
+
+class PodTemplateMetadata(_Model):
+    labels: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)] | None = None
+    """Extra pod labels (the operator's own labels win)."""
+    annotations: Annotated[dict[str, str], Field(max_length=64)] | None = None
+
+
+class LocalObjectReference(_Model):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class Volume(_Model):
+    """An extra pod volume (core/v1 Volume); hostPath is refused."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("volume")})
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    config_map: _Free | None = None
+    secret: _Free | None = None
+    empty_dir: _Free | None = None
+    persistent_volume_claim: _Free | None = None
+    csi: _Free | None = None
+    ephemeral: _Free | None = None
+    projected: _Free | None = None
+    downward_api: _Free | None = Field(default=None, alias="downwardAPI")
+    host_path: _NoObj | None = None
+
+
+class ContainerOverride(_Model):
+    """Overrides of the `vllm` container, merged by name."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("container")})
+    name: str = Field(min_length=1, max_length=63)
+    volume_mounts: Annotated[list[_Free], Field(max_length=32)] | None = None
+    """Extra mounts (of podTemplate.spec.volumes)."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    image: _NoStr | None = None
+    command: _NoStrList | None = None
+    args: _NoStrList | None = None
+    ports: _NoList | None = None
+    env: _NoList | None = None
+    env_from: _NoList | None = None
+    resources: _NoObj | None = None
+    startup_probe: _NoObj | None = None
+    readiness_probe: _NoObj | None = None
+    liveness_probe: _NoObj | None = None
+    security_context: _NoObj | None = None
+    lifecycle: _NoObj | None = None
+    working_dir: _NoStr | None = None
+
+
+class PodSpecOverride(_Model):
+    """The pod fields a user may set; the rest belong to the operator or are refused."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podSpec")})
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    runtime_class_name: str | None = Field(default=None, max_length=253)
+    """E.g. `nvidia` where the GPU runtime is not the node default."""
+    scheduler_name: str | None = Field(default=None, max_length=253)
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] | None = None
+    topology_spread_constraints: Annotated[list[_Free], Field(max_length=16)] | None = None
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=86_400)
+    dns_policy: Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"] | None = None
+    dns_config: _Free | None = None
+    enable_service_links: bool | None = None
+    volumes: Annotated[list[Volume], Field(max_length=32)] | None = None
+    containers: Annotated[list[ContainerOverride], Field(max_length=1)] | None = None
+    host_network: _NoBool | None = None
+    host_pid: _NoBool | None = Field(default=None, alias="hostPID")
+    host_ipc: _NoBool | None = Field(default=None, alias="hostIPC")
+    host_users: _NoBool | None = None
+    service_account_name: _NoStr | None = None
+    service_account: _NoStr | None = None
+    automount_service_account_token: _NoBool | None = None
+    security_context: _NoObj | None = None
+    node_name: _NoStr | None = None
+    share_process_namespace: _NoBool | None = None
+    init_containers: _NoList | None = None
+    ephemeral_containers: _NoList | None = None
+    node_selector: _NoMap | None = None
+    tolerations: _NoList | None = None
+    affinity: _NoObj | None = None
+
+
+class PodTemplate(_Model):
+    metadata: PodTemplateMetadata | None = None
+    spec: PodSpecOverride | None = None
 
 
 class RoleSpec(_Model):
     """One engine role (prefill or decode): a Deployment of vLLM pods."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("!has(self.replicas) || self.replicas >= 0", "replicas must be >= 0", ".replicas")
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("role")})
     replicas: int = Field(default=1, ge=0, le=c.MAX_REPLICAS)
     """Number of pods."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=c.MAX_TENSOR_PARALLEL_SIZE)
     """--tensor-parallel-size; GPUs per pod. Prefill and decode sizes must divide one another."""
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    """--gpu-memory-utilization for this role; default: spec.gpuMemoryUtilization."""
+    gpu_memory_utilization: float | None = Field(default=None, ge=c.MIN_GPU_MEMORY_UTILIZATION, le=1)
+    """--gpu-memory-utilization for this role (0.05 to 1); default: spec.gpuMemoryUtilization."""
     resources: ResourceRequirements | None = None
-    node_selector: dict[str, str] | None = None
-    tolerations: Annotated[list[dict[str, Any]], Field(max_length=64)] | None = None
-    """Pod tolerations (core/v1 Toleration objects)."""
-    affinity: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] | None = None
+    node_selector: Annotated[dict[str, str], Field(max_length=64)] | None = None
+    tolerations: Annotated[list[Toleration], Field(max_length=64)] | None = None
+    """Pod tolerations (core/v1 Toleration)."""
+    affinity: Affinity | None = None
     """Pod affinity (core/v1 Affinity)."""
-    pod_template: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] | None = None
-    """Strategic overrides merged into the pod template (metadata.labels/annotations, spec fields)."""
+    pod_template: PodTemplate | None = None
+    """Overrides merged into the pod template: labels/annotations and the pod fields listed here; the `vllm`
+    container only takes volumeMounts and imagePullPolicy (command, args, ports, probes, env and resources are the
+    operator's). Host namespaces, hostPath volumes, service accounts and security contexts are refused by name."""
     extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
     """Extra `vllm serve` arguments for this role, after spec.extraArgs."""
 
@@ -233,6 +322,7 @@ class UcxSpec(_Model):
 
 
 class KvTransferSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("kvTransfer")})
     side_channel_port: int = Field(default=contract.SIDE_CHANNEL_PORT_DEFAULT, ge=1024, le=65535)
     """NIXL side-channel (ZMQ) base port, VLLM_NIXL_SIDE_CHANNEL_PORT."""
     ucx: UcxSpec | None = None
@@ -271,26 +361,11 @@ class WarmupSpec(_Model):
 class CacheSpec(_Model):
     """Persistent compile/Triton cache, keyed by model x vLLM version x GPU x TP x role."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.type) || self.type != 'pvc' || has(self.claimName)",
-                    "cache.claimName is required when cache.type is pvc",
-                )
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("cache")})
     type: Literal["emptyDir", "pvc"] = "emptyDir"
     claim_name: str | None = Field(default=None, min_length=1, max_length=253)
     size_limit: Quantity | None = None
     """emptyDir size limit."""
-
-    @model_validator(mode="after")
-    def _pvc_needs_claim(self) -> CacheSpec:
-        if self.type == "pvc" and self.claim_name is None:
-            raise ValueError("cache.claimName is required when cache.type is pvc")
-        return self
 
 
 class MonitoringSpec(_Model):
@@ -341,32 +416,7 @@ class EnvVar(_Model):
 class HybridPDDeploymentSpec(_Model):
     """Disaggregated prefill/decode vLLM serving of a hybrid Mamba2/attention model."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0"
-                    " || self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0",
-                    "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide one another"
-                    " (e.g. 4 and 2, or 2 and 2)",
-                    ".decode.tensorParallelSize",
-                ),
-                _cel(
-                    "!has(self.blockSize) || self.blockSize % 16 == 0",
-                    "spec.blockSize must be a multiple of 16 (e.g. 1024)",
-                    ".blockSize",
-                ),
-                _cel(
-                    "!has(self.env) || !self.env.exists(e, e.name.startsWith('HPD_') || e.name in "
-                    + "["
-                    + ", ".join(f"'{n}'" for n in sorted(c.OWNED_ENV))
-                    + "])",
-                    "spec.env may not set env the operator owns: HPD_*, " + ", ".join(sorted(c.OWNED_ENV)),
-                    ".env",
-                ),
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("spec")})
     model: ModelSpec
     image: str | None = Field(default=None, min_length=1, max_length=512)
     """vLLM image for both roles (ours: vllm/vllm-openai + nixl + hpd_runtime). Default:
@@ -385,8 +435,9 @@ class HybridPDDeploymentSpec(_Model):
     on vLLM 0.20 such a raised size (128 -> 640 tokens) corrupted P->D output on an H200 (bench/gpu/README.md).
     Required when the TP sizes differ and the larger one replicates the KV heads or the Mamba groups: then set it
     to at least vLLM's size for both TP sizes."""
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    """--gpu-memory-utilization on both roles (a role may override it)."""
+    gpu_memory_utilization: float | None = Field(default=None, ge=c.MIN_GPU_MEMORY_UTILIZATION, le=1)
+    """--gpu-memory-utilization on both roles (0.05 to 1; a role may override it). Below 0.05 no GPU has room for
+    the weights and a KV block, and vLLM fails at startup."""
     extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
     """Extra `vllm serve` arguments for both roles."""
     env: Annotated[list[EnvVar], Field(max_length=c.MAX_ENV)] = _list()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import BaseModel
+
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
 from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata, selector_labels, short_name
 from hpd_operator.profile import Profile
@@ -54,6 +56,11 @@ def _resources(res: ResourceRequirements | None, tp: int) -> dict[str, Any]:
         if k not in limits:  # a limit alone implies the same request; never request more than the limit
             requests.setdefault(k, v)
     return {"limits": limits, "requests": requests}
+
+
+def _plain(model: BaseModel) -> dict[str, Any]:
+    out: dict[str, Any] = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return out
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -157,12 +164,14 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
     if rs.node_selector:
         pod_spec["nodeSelector"] = dict(rs.node_selector)
     if rs.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in rs.tolerations]
-    if rs.affinity:
-        pod_spec["affinity"] = dict(rs.affinity)
+        pod_spec["tolerations"] = [_plain(t) for t in rs.tolerations]
+    if rs.affinity is not None:
+        pod_spec["affinity"] = _plain(rs.affinity)
     template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": pod_spec}
-    if rs.pod_template:
-        template = deep_merge(template, rs.pod_template)
+    if rs.pod_template is not None:
+        # Only the fields the PodTemplate model admits can be here (the operator-owned and host-level ones are
+        # refused by the schema's CEL and again by validation.py), so the merge cannot replace command/args/probes.
+        template = deep_merge(template, _plain(rs.pod_template))
         # Our labels win: the selector and the router's discovery depend on them.
         template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(name, role)}
     return {

@@ -1,0 +1,340 @@
+"""Every cross-field validation rule, defined ONCE: each row yields the CRD's CEL rule (crdgen, via models.py) and
+the operator's Python check (hpd_operator.validation), with the same id and message.
+
+Single-field bounds (minimum, maximum, pattern, enum, maxItems) are not rows here: they are pydantic `Field`
+constraints, which already are one definition for both sides (crdgen turns them into the schema's own keywords).
+
+    cel_rules("kvTransfer")                      # [{"rule": ..., "message": ..., "fieldPath": ...}] for the schema
+    violations("kvTransfer", spec.kv_transfer, "spec.kvTransfer")   # [SpecViolation] for the operator
+
+What CEL cannot do, and the operator therefore checks alone (hpd_operator.validation): resolve an extraArgs
+abbreviation the way vLLM's argparse does (`--tensor-par 2` names --tensor-parallel-size; that needs every
+option string of the vLLM version, far over CEL's cost budget as a regex), know which flags a vLLM version has at
+all, and compare model config numbers (heads, groups) with TP (profile.py). The recorded cases in
+tests/crd/cel_cases.py run against the real apiserver AND through these Python twins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final, Literal
+
+from hpd_operator.api import constants as c
+from hpd_operator.errors import SpecViolation
+from hpd_runtime import contract
+
+Scope = Literal["root", "spec", "model", "modelSource", "role", "resources", "kvTransfer", "cache", "podSpec",
+                "container", "volume"]  # fmt: skip
+Check = Callable[[Any], Iterable[str]]
+"""Python twin: yields the relative field path ('' = the node itself, '.x' = a child) of each violation."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    scope: Scope
+    """The schema node the CEL rule sits on (and the typed object the Python twin gets)."""
+    cel: str | None
+    """None: the operator checks it alone (a comment on the row says why CEL cannot)."""
+    message: str
+    field: str
+    """Relative field path (CEL `fieldPath`), '' = the node."""
+    check: Check
+
+
+def _when(bad: Callable[[Any], bool], field: str = "") -> Check:
+    """A twin for a rule that reports one field when `bad(obj)`."""
+
+    def check(obj: Any) -> Iterator[str]:
+        if bad(obj):
+            yield field
+
+    return check
+
+
+def _forbid(attr: str, cel_name: str) -> Check:
+    return _when(lambda o: getattr(o, attr) is not None, "." + cel_name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------------------------------
+DNS1035: Final = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+CHILD_SUFFIXES: Final = ("prefill", "decode", contract.COMPONENT_ROUTER, "engines")
+"""`<cr>-<suffix>` child names; a CR whose name ends in one of them would fight another CR for its children."""
+MAX_CR_NAME: Final = 63 - len("-prefill")
+"""The longest child name (`<cr>-prefill`/`<cr>-engines`) stays a DNS-1035 label without truncation."""
+
+# ---------------------------------------------------------------------------------------------------------------
+# Quantities (the same grammar as k8s.io/apimachinery resource.Quantity, non-negative)
+# ---------------------------------------------------------------------------------------------------------------
+QUANTITY_PATTERN: Final = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_SUFFIX: Final[dict[str, Decimal]] = {
+    **{s: Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("", 0), ("k", 3), ("M", 6), ("G", 9),
+                                        ("T", 12), ("P", 15), ("E", 18))},
+}  # fmt: skip
+GPU: Final = "nvidia.com/gpu"
+
+
+def quantity(q: int | str) -> Decimal | None:
+    """A Kubernetes quantity's value, None when `q` is not one (QUANTITY_PATTERN decides, as the schema does)."""
+    if isinstance(q, int):
+        return Decimal(q)
+    if re.fullmatch(QUANTITY_PATTERN, q) is None:
+        return None
+    suffix = next((s for s in sorted(_SUFFIX, key=len, reverse=True) if s and q.endswith(s)), "")
+    return Decimal(q[: len(q) - len(suffix)]) * _SUFFIX[suffix]
+
+
+def _gpu_below_tp(role: Any) -> bool:
+    limits = role.resources.limits if role.resources is not None and role.resources.limits else {}
+    q = quantity(limits[GPU]) if GPU in limits else None
+    return q is not None and q < role.tensor_parallel_size
+
+
+def _requests_over_limits(res: Any) -> Iterator[str]:
+    for k, v in (res.requests or {}).items():
+        lim = (res.limits or {}).get(k)
+        rq, lq = quantity(v), quantity(lim) if lim is not None else None
+        if rq is not None and lq is not None and rq > lq:
+            yield f".requests.{k}"
+
+
+def _owned_env(spec: Any) -> Iterator[str]:
+    for i, e in enumerate(spec.env):
+        if e.name.startswith(c.OWNED_ENV_PREFIX) or e.name in c.OWNED_ENV:
+            yield f".env[{i}].name"
+
+
+def _prompt_too_long(spec: Any) -> Iterator[str]:
+    mml = spec.model.max_model_len
+    for i, n in enumerate(spec.warmup.prompt_lengths):
+        if mml is not None and n >= mml:
+            yield f".warmup.promptLengths[{i}]"
+
+
+_OWNED_ENV_LIST = "[" + ", ".join(f"'{n}'" for n in sorted(c.OWNED_ENV)) + "]"
+_ENGINE_PORTS = (contract.VLLM_PORT, contract.RUNTIME_PORT)
+
+# Pod template fields that would escape the pod's sandbox or take over what the operator owns: declared in the
+# schema only so that CEL can reject them by name (an undeclared field would be pruned silently).
+FORBIDDEN_POD_FIELDS: Final = {
+    "hostNetwork": ("host_network", "host networking exposes the node's network namespace"),
+    "hostPID": ("host_pid", "the node's process namespace is not for model servers"),
+    "hostIPC": ("host_ipc", "the node's IPC namespace is not for model servers"),
+    "hostUsers": ("host_users", "user namespaces are the node administrator's choice"),
+    "serviceAccountName": ("service_account_name", "engine pods run without API access (the operator sets it)"),
+    "serviceAccount": ("service_account", "engine pods run without API access (the operator sets it)"),
+    "automountServiceAccountToken": ("automount_service_account_token", "the operator never mounts a token"),
+    "securityContext": ("security_context", "the operator sets a restricted pod securityContext"),
+    "nodeName": ("node_name", "bypasses the scheduler and GPU accounting; use spec.<role>.nodeSelector"),
+    "shareProcessNamespace": ("share_process_namespace", "vLLM's processes stay in their own namespace"),
+    "initContainers": ("init_containers", "extra containers are not supported (they would run unchecked)"),
+    "ephemeralContainers": ("ephemeral_containers", "extra containers are not supported"),
+    "nodeSelector": ("node_selector", "use spec.<role>.nodeSelector"),
+    "tolerations": ("tolerations", "use spec.<role>.tolerations"),
+    "affinity": ("affinity", "use spec.<role>.affinity"),
+}
+"""camelCase field -> (python attribute, why it is refused)."""
+FORBIDDEN_CONTAINER_FIELDS: Final = {
+    "image": ("image", "set spec.image (both roles run the same vLLM image)"),
+    "command": ("command", "the operator runs `python3 -m hpd_runtime launch` (warmup + readiness)"),
+    "args": ("args", "use spec.extraArgs / spec.<role>.extraArgs (checked against vLLM's parser)"),
+    "ports": ("ports", f"vLLM {contract.VLLM_PORT}, runtime {contract.RUNTIME_PORT} and the side channel are fixed"),
+    "env": ("env", "use spec.env"),
+    "envFrom": ("env_from", "use spec.env (env from a whole ConfigMap/Secret could override the operator's)"),
+    "resources": ("resources", "use spec.<role>.resources (GPUs follow tensorParallelSize)"),
+    "startupProbe": ("startup_probe", "the operator's probes gate Ready on the warmup"),
+    "readinessProbe": ("readiness_probe", "the operator's probes gate Ready on the warmup"),
+    "livenessProbe": ("liveness_probe", "the operator's probes gate Ready on the warmup"),
+    "securityContext": ("security_context", "the operator sets a restricted container securityContext"),
+    "lifecycle": ("lifecycle", "vLLM drains on SIGTERM; hooks would race it"),
+    "workingDir": ("working_dir", "the runtime relies on the image's working directory"),
+}
+FORBIDDEN_VOLUME_FIELDS: Final = {
+    "hostPath": ("host_path", "host paths give the pod the node's files"),
+}
+
+
+def _forbidden_rows(scope: Scope, table: dict[str, tuple[str, str]], where: str) -> list[Rule]:
+    return [
+        Rule(
+            id=f"{where}-{name}-not-allowed",
+            scope=scope,
+            cel=f"!has(self.{name})",
+            message=f"{where}.{name} may not be set: {why}",
+            field=f".{name}",
+            check=_forbid(attr, name),
+        )
+        for name, (attr, why) in table.items()
+    ]
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        id="name-dns-1035",
+        scope="root",
+        cel=f"self.metadata.name.matches('{DNS1035}') && size(self.metadata.name) <= {MAX_CR_NAME}",
+        message=f"metadata.name must be a DNS-1035 label of at most {MAX_CR_NAME} characters (lowercase letters, "
+        "digits and '-', starting with a letter): it names Services, which allow no dots or leading digits",
+        field=".metadata.name",
+        check=_when(lambda cr: not _dns1035(cr.metadata.name) or len(cr.metadata.name) > MAX_CR_NAME, ".metadata.name"),
+    ),
+    Rule(
+        id="name-no-child-suffix",
+        scope="root",
+        cel="!(" + " || ".join(f"self.metadata.name.endsWith('-{s}')" for s in CHILD_SUFFIXES) + ")",
+        message="metadata.name may not end in "
+        + ", ".join(f"-{s}" for s in CHILD_SUFFIXES)
+        + ": CR `a-prefill` would own the same objects as CR `a`'s prefill role",
+        field=".metadata.name",
+        check=_when(lambda cr: cr.metadata.name.endswith(tuple(f"-{s}" for s in CHILD_SUFFIXES)), ".metadata.name"),
+    ),
+    Rule(
+        id="tp-divides",
+        scope="spec",
+        cel="self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0"
+        " || self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0",
+        message="spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide one another"
+        " (e.g. 4 and 2, or 2 and 2)",
+        field=".decode.tensorParallelSize",
+        check=_when(
+            lambda s: (
+                bool(s.prefill.tensor_parallel_size % s.decode.tensor_parallel_size)
+                and bool(s.decode.tensor_parallel_size % s.prefill.tensor_parallel_size)
+            ),
+            ".decode.tensorParallelSize",
+        ),
+    ),
+    Rule(
+        id="block-size-multiple-of-16",
+        scope="spec",
+        cel="!has(self.blockSize) || self.blockSize % 16 == 0",
+        message="spec.blockSize must be a multiple of 16 (e.g. 1024)",
+        field=".blockSize",
+        check=_when(lambda s: s.block_size is not None and s.block_size % 16 != 0, ".blockSize"),
+    ),
+    Rule(
+        id="operator-owned-env",
+        scope="spec",
+        cel=f"!has(self.env) || !self.env.exists(e, e.name.startsWith('{c.OWNED_ENV_PREFIX}') || e.name in "
+        f"{_OWNED_ENV_LIST})",
+        message="spec.env may not set env the operator owns: HPD_*, " + ", ".join(sorted(c.OWNED_ENV)),
+        field=".env",
+        check=_owned_env,
+    ),
+    Rule(
+        id="warmup-prompt-shorter-than-max-model-len",
+        scope="spec",
+        cel="!has(self.model.maxModelLen) || !has(self.warmup) || !has(self.warmup.promptLengths)"
+        " || self.warmup.promptLengths.all(n, n < self.model.maxModelLen)",
+        message="spec.warmup.promptLengths must be shorter than spec.model.maxModelLen (vLLM rejects a longer "
+        "prompt, so the warmup, and Ready, would never finish)",
+        field=".warmup.promptLengths",
+        check=_prompt_too_long,
+    ),
+    Rule(
+        id="model-name-non-empty",
+        scope="model",
+        cel="!self.name.matches('^\\\\s*$')",
+        message="spec.model.name must be a non-empty model id, e.g. nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8",
+        field=".name",
+        check=_when(lambda m: not m.name.strip(), ".name"),
+    ),
+    Rule(
+        id="one-model-source",
+        scope="modelSource",
+        cel="!(has(self.pvc) && has(self.huggingface))",
+        message="set only one of model.source.pvc and huggingface",
+        field="",
+        check=_when(lambda s: s.pvc is not None and s.huggingface is not None),
+    ),
+    Rule(
+        id="replicas-non-negative",
+        scope="role",
+        cel="!has(self.replicas) || self.replicas >= 0",
+        message="replicas must be >= 0",
+        field=".replicas",
+        check=_when(lambda r: r.replicas < 0, ".replicas"),
+    ),
+    Rule(
+        id="gpus-cover-tensor-parallel-size",
+        scope="role",
+        # Operator only: the apiserver's CEL cost estimate treats an int-or-string value as a string of unbounded
+        # size, so any quantity() over resources exceeds the CRD's whole cost budget (measured on 1.35).
+        cel=None,
+        message=f"resources.limits['{GPU}'] must be at least tensorParallelSize (vLLM starts one worker per GPU; "
+        "leave the GPU limit out and the operator sets it to tensorParallelSize)",
+        field=".resources.limits",
+        check=_when(_gpu_below_tp, ".resources.limits"),
+    ),
+    Rule(
+        id="requests-within-limits",
+        scope="resources",
+        cel=None,  # operator only, as gpus-cover-tensor-parallel-size
+        message="resources.requests may not exceed resources.limits (Kubernetes would refuse every pod)",
+        field=".requests",
+        check=_requests_over_limits,
+    ),
+    Rule(
+        id="side-channel-port-free",
+        scope="kvTransfer",
+        cel="!has(self.sideChannelPort) || !(self.sideChannelPort in [" + ", ".join(map(str, _ENGINE_PORTS)) + "])",
+        message=f"kvTransfer.sideChannelPort may not be {contract.VLLM_PORT} (vLLM's API) or {contract.RUNTIME_PORT} "
+        "(the runtime's probes and metrics): the engine pod already listens there",
+        field=".sideChannelPort",
+        check=_when(lambda k: k.side_channel_port in _ENGINE_PORTS, ".sideChannelPort"),
+    ),
+    Rule(
+        id="cache-pvc-needs-claim",
+        scope="cache",
+        cel="!has(self.type) || self.type != 'pvc' || has(self.claimName)",
+        message="cache.claimName is required when cache.type is pvc",
+        field="",
+        check=_when(lambda s: s.type == "pvc" and s.claim_name is None),
+    ),
+    Rule(
+        id="pod-template-container-is-vllm",
+        scope="container",
+        cel="self.name == 'vllm'",
+        message="podTemplate.spec.containers may only name the `vllm` container (sidecars are not supported)",
+        field=".name",
+        check=_when(lambda ct: ct.name != "vllm", ".name"),
+    ),
+    *_forbidden_rows("podSpec", FORBIDDEN_POD_FIELDS, "podTemplate.spec"),
+    *_forbidden_rows("container", FORBIDDEN_CONTAINER_FIELDS, "podTemplate.spec.containers[]"),
+    *_forbidden_rows("volume", FORBIDDEN_VOLUME_FIELDS, "podTemplate.spec.volumes[]"),
+)
+
+
+def _dns1035(name: str) -> bool:
+    return re.fullmatch(DNS1035, name) is not None
+
+
+def cel_rules(scope: Scope) -> list[Any]:
+    """The `x-kubernetes-validations` of a schema node."""
+    out = []
+    for r in RULES:
+        if r.scope == scope and r.cel is not None:
+            rule = {"rule": r.cel, "message": r.message}
+            if r.field and scope != "root":  # fieldPath cannot point into metadata
+                rule["fieldPath"] = r.field
+            out.append(rule)
+    return out
+
+
+def violations(scope: Scope, obj: Any, path: str) -> list[SpecViolation]:
+    """The Python twins of the scope's rules on the typed `obj` found at field path `path`."""
+    out = []
+    for r in RULES:
+        if r.scope == scope:
+            for sub in r.check(obj):
+                field = (path + sub) if path else sub.lstrip(".")
+                out.append(SpecViolation(field, r.id, r.message))
+    return out
