@@ -28,11 +28,10 @@ from kubernetes import client
 from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "crd"))
-import test_operator
 from cel_cases import BAD_NAMES, BAD_SPECS
-from test_operator import Operator, crd  # noqa: F401  (a fixture, used by name)
+
+from .conftest import Operator
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -50,14 +49,12 @@ converges every CR) would itself be the load."""
 
 @pytest.fixture()
 def sweep_operator(
-    crd: None,  # noqa: F811
+    crd: None,
     kubeconfig: Path,
     namespace: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Operator]:
-    monkeypatch.setattr(test_operator, "RESYNC", str(RESYNC))
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", resync=str(RESYNC))
     op.start()
     yield op
     op.stop()
