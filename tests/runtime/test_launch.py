@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from hpd_runtime import contract as c
+from hpd_runtime import launcher
 from hpd_runtime.config import load_config
 from hpd_runtime.warmup import plan_warmup
 
@@ -52,8 +53,10 @@ def launch(tmp_path: Path) -> Iterator[Any]:
 
     def start(*fake_args: str, **env_over: str) -> Launched:
         vllm_port, runtime_port = free_port(), free_port()
+        # a pod sets none of the cache vars (an explicit one wins over the keyed cache): keep the host's out
+        host = {k: v for k, v in os.environ.items() if k not in launcher.CACHE_DIR_VARS}
         env = {
-            **os.environ,
+            **host,
             c.ENV_ROLE: "prefill",
             c.ENV_MODEL: "fake-model",
             c.ENV_VLLM_VERSION: "0.20.0",
