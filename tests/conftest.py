@@ -68,3 +68,11 @@ def wait_for_default_service_account(core: object, namespace: str) -> None:
 
     assert isinstance(core, client.CoreV1Api)
     wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, what=f"{namespace}/default SA")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    if rep.when == "call":  # read by fixtures that print an operator log when their test failed
+        item.rep_call = rep  # type: ignore[attr-defined]

@@ -38,14 +38,6 @@ def chart_copy(tmp_path: Path) -> Iterator[Path]:
     yield dst
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()  # type: ignore[attr-defined]
-    if rep.when == "call":
-        item.rep_call = rep  # type: ignore[attr-defined]
-
-
 class OperatorProcess:
     """The operator started by `start_operator`; its log file and metrics port (on 127.0.0.1)."""
 

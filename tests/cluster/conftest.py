@@ -1,5 +1,5 @@
-"""Cluster-test fixtures: the CRD, the operator as a subprocess (its log printed when a test fails), the hook that
-records each test's outcome (pytest only calls `pytest_runtest_makereport` from a conftest or plugin)."""
+"""Cluster-test fixtures: the CRD, the operator as a subprocess (its log printed when a test fails; the outcome comes
+from the makereport hook in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -71,11 +71,3 @@ def operator(
     rep = getattr(request.node, "rep_call", None)
     if rep is None or rep.failed:
         print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    rep = outcome.get_result()  # type: ignore[attr-defined]
-    if rep.when == "call":
-        item.rep_call = rep  # type: ignore[attr-defined]
