@@ -31,6 +31,8 @@ G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
 SAMPLE = REPO / "examples" / "nemotron-3-nano.yaml"
 T = 120.0  # a deadline only: success returns at once (the shared CI box can be slow)
 R = TypeVar("R")
+_LOG_STAMP = re.compile(r"^\[[0-9-]+ [0-9:]+,[0-9]+\] ")
+"""kopf's `[2026-11-29 19:24:10,403] ` prefix: its milliseconds can read as a 403."""
 _FORBIDDEN_LOG = re.compile(r"\b403\b|Forbidden|forbidden|Not enough permissions")
 
 
@@ -41,7 +43,7 @@ class Forbidden(AssertionError):
 def forbidden(op: OperatorProcess) -> str | None:
     """The first sign of a 403: a log line, or a 403 counted in the operator's metrics."""
     for line in op.log_text().splitlines():
-        if _FORBIDDEN_LOG.search(line):
+        if _FORBIDDEN_LOG.search(_LOG_STAMP.sub("", line)):
             return line
     try:
         metrics = op.metrics()
@@ -231,9 +233,11 @@ def test_operator_as_the_chart_service_account_reconciles_updates_and_deletes(sc
     args = chart_args(k8s.api, release, rel)
     assert ("--namespace=" + work in args) == (scope == "namespace")
     sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
-    op = k8s.start_operator(sa_kc, args)
-    prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
-    k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig)
+    try:
+        op = k8s.start_operator(sa_kc, args)
+        prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
+    finally:  # cluster-scoped RBAC of a failed test must not block the next install of the same release name
+        k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig)
 
 
 def chart_default(which: str) -> str:
@@ -276,10 +280,12 @@ def test_removing_one_verb_from_the_chart_rules_makes_the_proof_fail(
     body = {"rules": [{"apiGroups": r["api_groups"], "resources": r["resources"], "verbs": r["verbs"]} for r in kept]}
     rbac.patch_namespaced_role(role.metadata.name, work, body)
     sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
-    op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))
-    with pytest.raises(Forbidden, match="403"):
-        prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
-    k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig)
+    try:
+        op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))
+        with pytest.raises(Forbidden, match="403"):
+            prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
+    finally:  # cluster-scoped RBAC of a failed test must not block the next install of the same release name
+        k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig)
 
 
 def test_proof_notices_a_403_in_the_metrics_only(tmp_path: Path) -> None:
