@@ -1,39 +1,56 @@
 #!/usr/bin/env bash
-# One device call of the issue #12 burst, after the five staging calls of ../shared/gpu/README.md (run from the repo
-# root on the GPU machine; .whl/ and .gpu/rendered.json carried). Usage: gpu-burst.sh PLAN [--fresh-cache]
+# One device call of a GPU burst, after staging (bench/gpu/README.md): one or two lanes of bench/gpu/run.py side by
+# side on one host. Lane a: GPUs 0,1, ports as in run.py; lane b: GPUs 1,0, every port +1000 (a TP=1 role takes a
+# lane's first GPU). Each lane can run CRs of vLLM 0.20.0 and 0.25.1 (run.py --vllm-site, by the image tag).
+#   gpu-burst.sh PLAN_A [PLAN_B] [--fresh-cache]        (run from the repo root there; .gpu/rendered.json carried)
 # .gpu/rendered.json = `python -m hpd_operator render -f bench/gpu/sample-crs.yaml -o json` (made on the CPU).
+# Back in $OUT/<lane>/: result.json and logs.tar.xz (vLLM/runtime log tails, the router's errors and warnings).
 set -uo pipefail
-test -d /tmp/vllm-site || { echo STAGING-LOST; exit 3; }
-test -d /tmp/router-site || python3 -m pip install -q --no-index --no-deps --target /tmp/router-site .whl/*.whl
-export PYTHONPATH=/tmp/vllm-site:/tmp/router-site:$PWD/images/runtime PYTHONUNBUFFERED=1
-plan=$1; shift
-name=$(echo "$plan" | tr ',:+' '_.-' | cut -c1-80)
-logs=/tmp/hpd-logs/$name; mkdir -p "$logs"
-timeout --signal=INT "${BURST_SECONDS:-560}" python3 bench/gpu/run.py --rendered .gpu/rendered.json --plan "$plan" \
-  --out "$logs" --work /tmp/hpd-bench "$@"
-echo "run.py rc=$?"
-mkdir -p "$OUT/$name"
-cp "$logs/result.json" "$OUT/$name/" 2>/dev/null
-for f in "$logs"/*.log; do
-  # vLLM/runtime logs: the last 3 MB; the router logs whole request bodies, keep only its errors and warnings
-  case "$f" in *router.log) grep -iE "error|warn|kv_transfer" "$f" | tail -c 1000000 > "$OUT/$name/$(basename "$f")" ;;
-               *) tail -c 3000000 "$f" > "$OUT/$name/$(basename "$f")" ;; esac
+sites=()
+for v in 0.20.0 0.25.1; do
+  test -d /tmp/vllm-site-$v && sites+=(--vllm-site "$v=/tmp/vllm-site-$v")
 done
-python3 - "$logs/result.json" <<'PY'
+[[ ${#sites[@]} -gt 0 ]] || { echo STAGING-LOST; exit 3; }
+test -d /tmp/router-site || python3 -m pip install -q --no-index --no-deps --target /tmp/router-site .whl/*.whl
+export PYTHONPATH=/tmp/router-site:$PWD/images/runtime PYTHONUNBUFFERED=1
+plans=() extra=()
+for a in "$@"; do case "$a" in --*) extra+=("$a") ;; *) plans+=("$a") ;; esac; done
+lane() {  # lane NAME GPUS OFFSET PLAN
+  local logs=/tmp/hpd-logs/$1
+  rm -rf "$logs" && mkdir -p "$logs"
+  timeout --signal=INT "${BURST_SECONDS:-500}" python3 bench/gpu/run.py --rendered .gpu/rendered.json --plan "$4" \
+    --out "$logs" --work "/tmp/hpd-bench-$1" --gpus "$2" --port-offset "$3" "${sites[@]}" "${extra[@]}" \
+    > "$logs/run.py.out" 2>&1
+  echo "lane $1 run.py rc=$?"
+  mkdir -p "$OUT/$1"
+  cp "$logs/result.json" "$OUT/$1/" 2>/dev/null
+  mkdir -p "$logs/tails"
+  for f in "$logs"/*.log "$logs/run.py.out"; do
+    # vLLM/runtime logs: the last 3 MB; the router logs whole request bodies, keep only its errors and warnings
+    case "$f" in *router.log) grep -iE "error|warn|kv_transfer" "$f" | tail -c 1000000 > "$logs/tails/$(basename "$f")" ;;
+                 *) tail -c 3000000 "$f" > "$logs/tails/$(basename "$f")" ;; esac
+  done
+  tar -C "$logs/tails" -cJf "$OUT/$1/logs.tar.xz" .
+}
+lane a 0,1 0 "${plans[0]}" &
+[[ ${#plans[@]} -gt 1 ]] && lane b 1,0 1000 "${plans[1]}" &
+wait
+for r in "$OUT"/*/result.json; do
+python3 - "$r" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1]))["runs"]
-for cr, x in r.items():
-    print(cr, "error:", x.get("error"), "times:", x.get("times"), "seconds:", x.get("seconds"))
-    print("  pd_vs_colocated identical:", (x.get("pd_vs_colocated") or {}).get("identical"))
+rep = json.load(open(sys.argv[1]))
+print("==", sys.argv[1], rep.get("lane"))
+for cr, x in rep["runs"].items():
+    print(cr, "error:", x.get("error"), "times:", x.get("times"), "seconds:", x.get("seconds"), x.get("experiment", ""))
+    pc = x.get("pd_vs_colocated") or {}
+    print("  P->D: identical", pc.get("identical"), "within check", pc.get("within_output_check"), "largest gap", pc.get("largest_gap_nats"))
+    print("  first_request:", {k: v.get("first_over_steady") for k, v in (x.get("first_request") or {}).items()})
     print("  pair_check_at_ready:", [(p.get("ok"), p.get("summary")) for p in x.get("pair_check_at_ready", [])][:2])
     s = x.get("shapes") or {}
     print("  shapes max first/steady:", {k: v.get("max_first_over_steady") for k, v in s.items()})
     print("  autotune after ready:", x.get("autotune_events_after_ready"), "blocks:", x.get("block_sizes"))
-    rs = x.get("restart")
-    if rs:
-        print("  restart:", rs["timeline"]["counts"], "decode exits:", rs["decode_exits"], "prefill ready at", rs.get("t_prefill_ready"))
-        print("  decode readyz:", rs["timeline"]["readyz"]["decode"][:8])
     b = x.get("badpair")
     if b:
         print("  badpair ever ready:", b["decode_ever_ready"], b["readyz_history"][-2:])
 PY
+done

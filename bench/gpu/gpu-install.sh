@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# On the GPU machine, after every bundle of bench/gpu/stage.sh was copied into /tmp/stage/: unpack vLLM and its
-# wheels into /tmp/vllm-site. Then, in each later command: export PYTHONPATH=/tmp/vllm-site
+# On the GPU machine, after every bundle of `bench/gpu/stage.sh VERSION` was copied into STAGE (default /tmp/stage):
+# unpack vLLM and its wheels into SITE (default /tmp/vllm-site). Then, in each later command: PYTHONPATH=SITE, or
+# run.py --vllm-site VERSION=SITE. Two versions on one machine: STAGE=/tmp/stage-V SITE=/tmp/vllm-site-V per version.
+# A bundle may list in reuse.txt wheels it shares with an earlier staged version (REUSE_FROM, a stage directory):
+# they are taken from there instead of being carried twice.
 set -euo pipefail
-s=/tmp/stage
-t=/tmp/vllm-site
+s=${STAGE:-/tmp/stage}
+t=${SITE:-/tmp/vllm-site}
+if [[ -f $s/reuse.txt ]]; then
+  while read -r w; do
+    [[ -z $w ]] && continue
+    cp "${REUSE_FROM:?reuse.txt needs REUSE_FROM (the earlier version's stage dir)}/$w" "$s/" \
+      || { echo "gpu-install: $w not in $REUSE_FROM" >&2; exit 4; }
+  done < "$s/reuse.txt"
+fi
 rm -rf "$t" && mkdir -p "$t"
 cat "$s"/vllm.tar.xz.part_* | xz -d | tar -xf - -C "$t"
 cat "$s"/fa3.tar.xz.part_* | xz -d | tar -xf - -C "$t"

@@ -92,12 +92,21 @@ def check_config(cfg: dict[str, Any]) -> None:
     sizes.update({f"intermediate_size[{i}]": v for i, v in enumerate(_intermediate_sizes(cfg))})
     for tp in TP_SIZES:
         for key, value in sizes.items():
-            if value % tp:
-                raise ValueError(f"config {key}={value} is not divisible by tensor-parallel size {tp}")
+            if value % tp == 0 or _replicated_ok(key, value, tp):
+                continue
+            raise ValueError(f"config {key}={value} is not divisible by tensor-parallel size {tp}")
     if sizes["mamba_num_heads"] % sizes["mamba_n_groups"]:
         raise ValueError("mamba_num_heads must be a multiple of mamba_n_groups (heads of a group stay on one rank)")
     if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
         raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+
+def _replicated_ok(key: str, value: int, tp: int) -> bool:
+    """vLLM 0.20.0 replicates what it cannot split: KV heads when TP is a multiple of their count
+    (QKVParallelLinear), Mamba groups when there is one group (MambaMixer2: n_groups == 1 or divisible by TP)."""
+    if key == "num_key_value_heads":
+        return tp % value == 0
+    return key == "mamba_n_groups" and value == 1
 
 
 def _intermediate_sizes(cfg: dict[str, Any]) -> list[int]:

@@ -19,12 +19,19 @@ One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart
            kubelet does); NIXL errors in the decode log.
   badpair  (for a known-bad CR) decode must never turn Ready: /readyz polled for HOLD_BAD_S after its verdict, the
            reason recorded; P->D vs colocated outputs through the router for the record.
+A plan item `CR@no-block-size:steps` runs CR's rendered argv with `--block-size N` removed from both roles (an
+experiment: what vLLM does with its own sizes where the operator asks for spec.blockSize); the JSON records it.
+
+Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first on one host (a TP=1 role takes the
+first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
+build of the CR's image tag on each role's PYTHONPATH, so one lane can run CRs of different vLLM versions.
 Only 127.0.0.1 is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -44,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpd_runtime import contract
+from hpd_runtime import contract, paircheck
 
 HERE = Path(__file__).resolve().parent
 AUTOTUNE_LINE = "Triton autotuning for function"
@@ -53,7 +60,11 @@ PORTS = {
     "prefill": {"vllm": 8200, "runtime": 8201, "side": 5600},
     "decode": {"vllm": 8300, "runtime": 8301, "side": 5700},
 }
-ROUTER_PORT = 8090
+ROUTER_PORTS = {"http": 8090, "metrics": 29001}
+GPUS: list[int] = [0, 1]
+"""The lane's GPUs: a role of TP size t runs on the first t (set by --gpus)."""
+VLLM_SITES: dict[str, str] = {}
+"""vLLM version (the rendered image tag) -> its site-packages directory (--vllm-site)."""
 SHAPE_LENGTHS = (815, 816, 817, 1279, 1280, 1281, 2207, 2208, 2209, 3503, 3504, 3505)
 OUTPUT_LENGTHS = (300, 650, 1000, 1400, 1800, 2200, 2600, 3000)
 HOLD_BAD_S = 30.0
@@ -70,8 +81,17 @@ HOST_SUBSTITUTIONS = [
     "HPD_CACHE_DIR: a local directory (the pod mounts the cache volume at /cache)",
     "HPD_PREFILL_SERVICE=127.0.0.1, HPD_PREFILL_PORT, HPD_PREFILL_RUNTIME_PORT (the pod resolves the headless Service)",
     "HPD_RUNTIME_HOST=127.0.0.1 (loopback only); TRITON_PRINT_AUTOTUNING=1 (measurement)",
-    "CUDA_VISIBLE_DEVICES=0..TP-1 per role (both roles share GPU 0; on Kubernetes each pod has its own GPUs)",
+    "CUDA_VISIBLE_DEVICES=the lane's first TP GPUs per role (both roles share the first; on Kubernetes each pod has "
+    "its own GPUs)",
+    "PYTHONPATH: the vLLM build of the rendered image's tag (--vllm-site), the router wheels and hpd_runtime",
 ]
+
+
+def shift_ports(offset: int) -> None:
+    """A second lane on the same host: every port this script uses moves by `offset`."""
+    for ports in (*PORTS.values(), ROUTER_PORTS):
+        for k in ports:
+            ports[k] += offset
 
 
 # --- command lines from the rendered Deployments ------------------------------------------------------------------
@@ -135,15 +155,28 @@ def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cac
             contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: str(ports["side"]),
             contract.ENV_CACHE_DIR: str(cache_root),
             "TRITON_PRINT_AUTOTUNING": "1",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(tp)),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in GPUS[:tp]),
             **NO_NVLINK_MULTICAST,
         })  # fmt: skip
         if name == "decode":
             env[contract.ENV_PREFILL_SERVICE] = "127.0.0.1"
             env[contract.ENV_PREFILL_PORT] = str(PORTS["prefill"]["vllm"])
             env[contract.ENV_PREFILL_RUNTIME_PORT] = str(PORTS["prefill"]["runtime"])
+        version = str(ctr.get("image", "")).rpartition(":")[2]
+        if version in VLLM_SITES:
+            rest = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+            env["PYTHONPATH"] = os.pathsep.join([VLLM_SITES[version], *rest])
         roles[name] = Role(name, [*ctr["command"], *args], env, tp)
     return roles
+
+
+def drop_flag(role: Role, flag: str) -> bool:
+    """Remove `flag VALUE` from the role's argv (the @no-block-size experiment); True if it was there."""
+    if flag not in role.argv:
+        return False
+    i = role.argv.index(flag)
+    del role.argv[i : i + 2]
+    return True
 
 
 # --- HTTP ---------------------------------------------------------------------------------------------------------
@@ -262,13 +295,13 @@ class Router:
             "--vllm-pd-disaggregation",
             "--prefill", f"http://127.0.0.1:{PORTS['prefill']['vllm']}",
             "--decode", f"http://127.0.0.1:{PORTS['decode']['vllm']}",
-            "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(ROUTER_PORT),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", "29001",
+            "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(ROUTER_PORTS["http"]),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORTS["metrics"]),
         ]  # fmt: skip
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
-        while get(f"http://127.0.0.1:{ROUTER_PORT}/health")[0] != 200:
+        while get(f"http://127.0.0.1:{ROUTER_PORTS['http']}/health")[0] != 200:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"router did not come up; see {self.log.name}")
             time.sleep(0.25)
@@ -283,29 +316,69 @@ class Router:
 
 
 # --- measurements -----------------------------------------------------------------------------------------------------
-ROUTER_URL = f"http://127.0.0.1:{ROUTER_PORT}/v1/completions"
-DECODE_URL = f"http://127.0.0.1:{PORTS['decode']['vllm']}/v1/completions"
+def router_url() -> str:
+    return f"http://127.0.0.1:{ROUTER_PORTS['http']}/v1/completions"
+
+
+def decode_url() -> str:
+    return f"http://127.0.0.1:{PORTS['decode']['vllm']}/v1/completions"
+
+
+def pair_verdict(pd: dict[str, Any], co: dict[str, Any], n: int) -> dict[str, Any]:
+    """The runtime's own output check (hpd_runtime.paircheck.compare, its default bound) on one prompt."""
+    try:
+        a, b = paircheck.parse_completion(pd, n), paircheck.parse_completion(co, n)
+    except ValueError as e:
+        return {"ok": False, "reason": str(e), "max_delta": None, "cached_tokens": None}
+    v = paircheck.compare(a, b)
+    # the logprob gap even where the transfer proof failed (e.g. a router that drops usage details)
+    gap = paircheck.compare(dataclasses.replace(a, cached_tokens=max(a.cached_tokens or 0, 1)), b).max_delta
+    return {"ok": v.ok, "reason": v.reason, "cached_tokens": a.cached_tokens,
+            "max_delta": None if math.isnan(gap) else round(gap, 5)}  # fmt: skip
 
 
 def compare_outputs(model: str, lengths: tuple[int, ...], seed: int) -> dict[str, Any]:
     rows = []
     for i, n in enumerate(lengths):
         ids = prompt(random.Random(seed + i), n)
-        _, pd = post(ROUTER_URL, completion(model, ids, 16))
-        _, co = post(DECODE_URL, completion(model, ids, 16))
+        _, pd = post(router_url(), completion(model, ids, 16))
+        _, co = post(decode_url(), completion(model, ids, 16))
         (a, la), (b, lb) = answer(pd), answer(co)
         delta = abs(la[0] - lb[0]) if la and lb else math.nan
+        first_diff = next((j for j, (x, y) in enumerate(zip(a or [], b or [], strict=False)) if x != y), None)
         rows.append({"prompt_tokens": n, "pd_token_ids": a, "colocated_token_ids": b, "identical": a is not None and a == b,
                      "first_logprob_pd": la[:1], "first_logprob_colocated": lb[:1],
                      "first_token_abs_logprob_delta": None if math.isnan(delta) else round(delta, 5),
-                     "pd_nonfinite_logprobs": sum(1 for x in la if not math.isfinite(x) or x <= -9999)})  # fmt: skip
-    return {"prompts": len(rows), "identical": sum(r["identical"] for r in rows), "rows": rows}
+                     "pd_nonfinite_logprobs": sum(1 for x in la if not math.isfinite(x) or x <= -9999),
+                     "first_divergent_token": first_diff, "output_check": pair_verdict(pd, co, n)})  # fmt: skip
+    gaps = [r["output_check"]["max_delta"] for r in rows if r["output_check"]["max_delta"] is not None]
+    return {"prompts": len(rows), "identical": sum(r["identical"] for r in rows),
+            "within_output_check": sum(r["output_check"]["ok"] for r in rows),
+            "output_check_bound_nats": paircheck.MAX_LOGPROB_DELTA_DEFAULT,
+            "largest_gap_nats": max(gaps) if gaps else None, "rows": rows}  # fmt: skip
+
+
+FIRST_LENGTH = 1000
+"""The one length of the first-request-after-Ready measurement (as in the project's earlier runs)."""
+
+
+def first_request(model: str) -> dict[str, Any]:
+    """Right after both roles are Ready, before anything else: the first request vs the median of 3 more, fresh
+    prompts of one length, P->D through the router, then colocated on decode. With warmup off this is the baseline."""
+    rng = random.Random(99)
+    out: dict[str, Any] = {}
+    for name, url in (("pd_via_router", router_url()), ("colocated_on_decode", decode_url())):
+        times = [post(url, completion(model, prompt(rng, FIRST_LENGTH), 8))[0] for _ in range(4)]
+        steady = statistics.median(times[1:])
+        out[name] = {"first_s": round(times[0], 4), "steady_median_s": round(steady, 4),
+                     "first_over_steady": round(times[0] / steady, 3), "all_s": [round(t, 4) for t in times]}  # fmt: skip
+    return out
 
 
 def shapes(model: str) -> dict[str, Any]:
     rng = random.Random(4242)
     out: dict[str, Any] = {}
-    for name, url in (("pd_via_router", ROUTER_URL), ("colocated_on_decode", DECODE_URL)):
+    for name, url in (("pd_via_router", router_url()), ("colocated_on_decode", decode_url())):
         rows = []
         for n in SHAPE_LENGTHS:
             times = [post(url, completion(model, prompt(rng, n), 8))[0] for _ in range(4)]
@@ -377,7 +450,7 @@ class Timeline:
             ids, ref = self.refs[i % len(self.refs)]
             t = self.now()
             try:
-                dt, resp = post(ROUTER_URL, completion(self.model, ids, 8), timeout=30)
+                dt, resp = post(router_url(), completion(self.model, ids, 8), timeout=30)
                 got, lps = answer(resp)
                 ok = got == ref
                 bad_lp = any(not math.isfinite(x) or x <= -9999 for x in lps)
@@ -417,7 +490,7 @@ def restart_prefill(
     refs = []
     for n in (500, 1200, 2100, 3000):
         ids = prompt(rng, n)
-        refs.append((ids, answer(post(DECODE_URL, completion(model, ids, 8))[1])[0] or []))
+        refs.append((ids, answer(post(decode_url(), completion(model, ids, 8))[1])[0] or []))
     p, d = roles["prefill"], roles["decode"]
     assert d.log is not None
     d_offset = d.log.stat().st_size
@@ -498,15 +571,24 @@ def run_step(
 ) -> None:
     out: Path = args.out
     model_dir = Path(args.model_dir)
+    key, cr, variant = cr, *cr.partition("@")[::2]
     if cr.endswith("-fixed"):
         import make_checkpoint  # bench/gpu is the script's directory, so it is on sys.path already
 
-        model_dir = args.work / "tiny-nemotron-h-fixed"
-        make_checkpoint.write_checkpoint(model_dir, HERE / "tiny-nemotron-h" / "config.json")
+        config = "tiny-nemotron-h-rep" if "-rep" in cr else "tiny-nemotron-h"
+        model_dir = args.work / f"{config}-fixed"
+        make_checkpoint.write_checkpoint(model_dir, HERE / config / "config.json")
     roles = role_commands(manifests, cr, model_dir, args.work / f"cache-{'eager' if 'eager' in cr else 'compile'}")
+    res: dict[str, Any] = {}
+    if variant == "no-block-size":
+        res["experiment"] = {n: f"--block-size removed: {drop_flag(r, '--block-size')}" for n, r in roles.items()}
+    elif variant:
+        raise SystemExit(f"unknown plan variant @{variant} (known: @no-block-size)")
     served = roles["decode"].argv[roles["decode"].argv.index("--served-model-name") + 1]
-    res: dict[str, Any] = {"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}}
-    report["runs"][cr] = res
+    res.update({"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}})
+    while key in report["runs"]:  # the same CR again in one plan (e.g. cold, then warm on the same cache)
+        key += "+again"
+    report["runs"][key] = res
     base_env = {**os.environ, **NO_NVLINK_MULTICAST, "PYTHONUNBUFFERED": "1"}
     router: Router | None = None
     t_begin = time.monotonic()
@@ -531,6 +613,7 @@ def run_step(
             res["pair_check_at_ready"] = [{k: e.get(k) for k in ("ok", "summary", "deltas", "seconds")}
                                           for e in runtime_events(roles["decode"], "pair_check")]  # fmt: skip
             router = Router(out, cr, base_env)
+            res["first_request"] = first_request(served)
             res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
             if "shapes" in steps:
                 res["shapes"] = shapes(served)
@@ -556,13 +639,21 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/hpd-bench"))
     ap.add_argument("--model-dir", default=str(HERE / "tiny-nemotron-h"))
     ap.add_argument("--fresh-cache", action="store_true", help="empty the cache volumes first (cold)")
+    ap.add_argument("--gpus", default="0,1", help="this lane's GPUs, in order (a TP=t role takes the first t)")
+    ap.add_argument("--port-offset", type=int, default=0, help="shift every port (a second lane on one host)")
+    ap.add_argument("--vllm-site", action="append", default=[], metavar="VERSION=DIR",
+                    help="the vLLM build for CRs whose image tag is VERSION (repeatable)")  # fmt: skip
     args = ap.parse_args()
+    GPUS[:] = [int(g) for g in args.gpus.split(",")]
+    shift_ports(args.port_offset)
+    VLLM_SITES.update(dict(x.split("=", 1) for x in args.vllm_site))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.fresh_cache:
         for d in args.work.glob("cache-*"):
             shutil.rmtree(d, ignore_errors=True)
     manifests = json.loads(args.rendered.read_text())["items"]
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "gpu": gpu_name(),
+                              "lane": {"gpus": GPUS, "port_offset": args.port_offset, "vllm_sites": VLLM_SITES},
                               "host_substitutions": HOST_SUBSTITUTIONS, "runs": {}}  # fmt: skip
     result = args.out / "result.json"
     try:
