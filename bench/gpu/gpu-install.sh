@@ -10,7 +10,7 @@ t=${SITE:-/tmp/vllm-site}
 if [[ -f $s/reuse.txt ]]; then
   while read -r w; do
     [[ -z $w ]] && continue
-    cp "${REUSE_FROM:?reuse.txt needs REUSE_FROM (the earlier version's stage dir)}/$w" "$s/" \
+    cp "${REUSE_FROM:?reuse.txt needs REUSE_FROM (the stage dir of the earlier version)}/$w" "$s/" \
       || { echo "gpu-install: $w not in $REUSE_FROM" >&2; exit 4; }
   done < "$s/reuse.txt"
 fi

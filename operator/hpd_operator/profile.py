@@ -105,6 +105,17 @@ VERSION_RULES: Final[tuple[VersionRule, ...]] = (
         "KV heads or Mamba groups need spec.blockSize (vLLM's padded size varies with TP)",
     ),
     VersionRule(
+        key="replicated-hetero-tp-unservable",
+        first=20,
+        last=20,
+        upstream="measured on two H200s, bench/results/2026-11-29-gpu-issue16-replicated-block1056.json: TP 2 -> TP 1 "
+        "with 1 KV head and 1 Mamba group, --block-size 1056 on both (kernel block 32): P->D NaN on 13/16 pair-check "
+        "prompts; different block sizes are paired only from #49612 (0.27)",
+        note="different TP sizes that replicate KV heads or Mamba groups have no working block size: vLLM's own "
+        "sizes differ between the roles (equal-block-size), and an explicit one that makes them equal corrupted "
+        "P->D; use equal TP sizes, TP sizes that split the heads, or vLLM 0.27+",
+    ),
+    VersionRule(
         key="hetero-block-size",
         first=27,
         last=_LAST,
@@ -463,7 +474,19 @@ def _check_tp(
         for n, what in ((cfg.num_key_value_heads, "KV heads"), (cfg.mamba_n_groups, "Mamba groups"))
         if n is not None and top > n
     ]
-    if hybrid and p != d and spec.block_size is None and replicated and row.equal_block_size_required:
+    if hybrid and p != d and replicated and row.has("replicated-hetero-tp-unservable"):
+        out.append(
+            SpecViolation(
+                "spec.decode.tensorParallelSize" if d > p else "spec.prefill.tensorParallelSize",
+                "replicated-hetero-tp-unservable",
+                f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
+                f"replicated, and vLLM {row.minor} cannot serve that pair: without spec.blockSize the roles derive "
+                "different block sizes (NIXL refuses), and with one that makes them equal P->D output was NaN "
+                f"({row.cite('replicated-hetero-tp-unservable')}); use equal TP sizes, sizes that split the heads, "
+                "or vLLM 0.27+",
+            )
+        )
+    elif hybrid and p != d and spec.block_size is None and replicated and row.equal_block_size_required:
         out.append(
             SpecViolation(
                 "spec.blockSize",

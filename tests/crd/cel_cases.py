@@ -137,6 +137,12 @@ GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
     ("quantities", {"model": M, "decode": {"resources": {"limits": {"nvidia.com/gpu": 2, "memory": "64Gi"}}}}),
     (
         "hetero-tp",
-        {"model": M, "blockSize": 4096, "prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 2}},
+        {
+            "model": M,
+            "vllmVersion": "0.25.1",
+            "blockSize": 4096,
+            "prefill": {"tensorParallelSize": 4},
+            "decode": {"tensorParallelSize": 2},
+        },
     ),
 ]

@@ -174,9 +174,8 @@ def test_torch_dtype_added_only_when_missing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("mamba_n_groups", 1),  # vLLM would replicate groups at TP=2; not divisible by 2
         ("mamba_n_groups", 3),
-        ("num_key_value_heads", 1),
+        ("num_key_value_heads", 3),
         ("num_attention_heads", 7),
         ("mamba_num_heads", 15),
         ("hybrid_override_pattern", "M-M*ME"),
@@ -192,3 +191,13 @@ def test_rejects_configs_that_do_not_split_at_tp2(tmp_path: Path, key: str, valu
     assert res.returncode == 2
     assert "make_checkpoint:" in res.stderr
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_replicated_kv_head_and_group_config_is_accepted(tmp_path: Path) -> None:
+    """1 KV head and 1 Mamba group at TP 2: vLLM 0.20 replicates both (QKVParallelLinear; MambaMixer2 allows
+    n_groups == 1), which is the replicated-heads pair of issue #16 (bench/gpu/tiny-nemotron-h-rep)."""
+    rep = CONFIG.parent.parent / "tiny-nemotron-h-rep" / "config.json"
+    cfg = json.loads(rep.read_text())
+    assert (cfg["num_key_value_heads"], cfg["mamba_n_groups"]) == (1, 1)
+    assert run_script(tmp_path / "out", "--config", str(rep)).returncode == 0
+    assert (tmp_path / "out" / "model.safetensors").stat().st_size > 0

@@ -202,6 +202,7 @@ def test_known_models_only_with_found_numbers() -> None:
                 "model": {"name": "x/y", "config": {"mambaNGroups": 1}},
                 "decode": {"tensorParallelSize": 4},
                 "blockSize": 1024,
+                "vllmVersion": "0.25.1",  # 0.20 refuses replicated hetero TP (replicated-hetero-tp-unservable)
             },
             "spec.decode.tensorParallelSize",
             "mamba-groups-divisible",
@@ -272,7 +273,8 @@ def test_cross_role_rule(bad: dict[str, Any], good: dict[str, Any], field: str, 
 
 
 def test_heterogeneous_tp_allowed_in_both_directions_on_every_version() -> None:
-    for version in ("0.20.0", "0.22.0", "0.25.0", "0.33.0"):
+    """Nano's 2 KV heads replicate at TP 4: allowed (with a block size) from 0.21; 0.20 refuses it (next test)."""
+    for version in ("0.22.0", "0.25.0", "0.33.0"):
         for p, d in ((4, 2), (2, 4)):
             prof = compute_profile(
                 spec(
@@ -308,13 +310,34 @@ def test_hetero_tp_that_replicates_heads_needs_an_explicit_block_size(
     replicates KV heads or Mamba groups the two roles get different sizes and 0.20 NIXL rejects hybrid pairs whose
     block sizes differ. The operator asks for spec.blockSize instead of letting the pods fail at the handshake."""
     body = {"model": {"name": "x/y", "config": config}, "prefill": {"tensorParallelSize": tps[0]},
-            "decode": {"tensorParallelSize": tps[1]}}  # fmt: skip
+            "decode": {"tensorParallelSize": tps[1]}, "vllmVersion": "0.25.1"}  # fmt: skip
     with pytest.raises(SpecError) as ei:
         compute_profile(spec(**body))
     assert ("spec.blockSize", "block-size-required-for-replicated-heads") in rules(ei.value)
     assert replicated in ei.value.message
     compute_profile(spec(**body, blockSize=2048))  # an explicit size on both roles is accepted
     compute_profile(spec(**{**body, "decode": {"tensorParallelSize": tps[0]}}))  # equal TP: vLLM's own size
+
+
+@pytest.mark.parametrize("block_size", [None, 1056, 4096])
+@pytest.mark.parametrize(("config", "tps"), [({"numKeyValueHeads": 1, "mambaNGroups": 1}, (2, 1)),
+                                             ({"numKeyValueHeads": 2, "mambaNGroups": 8}, (2, 4))])  # fmt: skip
+def test_vllm_0_20_refuses_hetero_tp_that_replicates_heads(
+    config: dict[str, int], tps: tuple[int, int], block_size: int | None
+) -> None:
+    """Measured on two H200s (bench/results/2026-11-29-gpu-issue16-replicated-block1056.json): TP 2 -> TP 1 with
+    1 KV head and 1 Mamba group and --block-size 1056 on both gave NaN P->D on 13/16 pair-check prompts, and without
+    a block size the roles derive different sizes, which 0.20's NIXL refuses. No spec.blockSize makes it work."""
+    body: dict[str, Any] = {"model": {"name": "x/y", "config": config}, "prefill": {"tensorParallelSize": tps[0]},
+                            "decode": {"tensorParallelSize": tps[1]}}  # fmt: skip
+    if block_size is not None:
+        body["blockSize"] = block_size
+    with pytest.raises(SpecError) as ei:
+        compute_profile(spec(**body))
+    field = "spec.decode.tensorParallelSize" if tps[1] > tps[0] else "spec.prefill.tensorParallelSize"
+    assert (field, "replicated-hetero-tp-unservable") in rules(ei.value), ei.value.message
+    assert "P->D output was NaN" in ei.value.message and "vLLM 0.27+" in ei.value.message
+    compute_profile(spec(**{**body, "vllmVersion": "0.33.0", "blockSize": None}))  # 0.27+ pairs the sizes itself
 
 
 def test_known_model_is_checked_without_a_config_block() -> None:
