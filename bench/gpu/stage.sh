@@ -2,7 +2,10 @@
 # Build bundles that put vLLM VERSION + NIXL 1.5.1 on the H200 GPU machine (no registry there; torch 2.11.0+cu130
 # and Triton 3.6.0 installed, which vLLM 0.20.x-0.25.x pin; 0.27+ pins torch 2.13+ and cannot run there).
 #
-#   bench/gpu/stage.sh VERSION DIR      # e.g. bench/gpu/stage.sh 0.25.1 .gpu-0.25.1  -> DIR/c1 .. DIR/cN
+#   bench/gpu/stage.sh VERSION DIR [REUSE]   # e.g. bench/gpu/stage.sh 0.25.1 .gpu-0.25.1  -> DIR/c1 .. DIR/cN
+# REUSE: the DIR of a version staged earlier on the same machine; wheels found there (same name and size) are listed
+# in c1/reuse.txt instead of carried again (gpu-install.sh copies them from REUSE_FROM). 0.25.1 after 0.20.0: 3
+# bundles instead of 4.
 #
 # Each bundle is under 60 MB (one command on the GPU machine can bring 64 MiB): files are packed into bundles of at
 # most 58 MB, the vLLM and FA3 archives split to fit; the nixl-cu13 wheel (58.8 MB) is a bundle of its own. The wheel list beyond vLLM is
@@ -12,7 +15,8 @@
 # (bench/gpu/README.md, "Staging another vLLM version").
 set -euo pipefail
 version=${1:?usage: stage.sh VERSION DIR}
-dir=${2:?usage: stage.sh VERSION DIR}
+dir=${2:?usage: stage.sh VERSION DIR [REUSE]}
+reuse=$(cd "${3:-/nonexistent}" 2>/dev/null && pwd || true)
 here=$(cd "$(dirname "$0")" && pwd)
 wheels="$here/wheels/$version.txt"
 [[ -f $wheels ]] || { echo "stage.sh: no wheel list $wheels (derive one from the vLLM wheel's METADATA)" >&2; exit 2; }
@@ -47,12 +51,17 @@ cp wheels/*.whl out/
 cp "$here/gpu-install.sh" out/
 
 # Pack the files into bundles c1..cN of at most $limit bytes each (a larger single file alone), largest first.
-python3 - "$limit" <<'PY'
+python3 - "$limit" "$reuse" <<'PY'
+import glob
 import os
 import shutil
 import sys
 
 limit = int(sys.argv[1])
+have = {os.path.basename(f): os.path.getsize(f) for f in glob.glob(os.path.join(sys.argv[2], "c*", "*.whl"))} if sys.argv[2] else {}
+reused = sorted(f for f in os.listdir("out") if have.get(f) == os.path.getsize(os.path.join("out", f)))
+for f in reused:
+    os.remove(os.path.join("out", f))
 files = sorted(os.listdir("out"), key=lambda f: -os.path.getsize(os.path.join("out", f)))
 bins: list[list[str]] = []
 sizes: list[int] = []
@@ -70,7 +79,11 @@ for i, names in enumerate(bins, 1):
     os.makedirs(f"c{i}")
     for f in names:
         shutil.move(os.path.join("out", f), os.path.join(f"c{i}", f))
-print(f"{len(bins)} bundles:", ", ".join(f"c{i} {s / 1e6:.1f} MB" for i, s in enumerate(sizes, 1)))
+if reused:
+    with open("c1/reuse.txt", "w") as fh:
+        fh.write("\n".join(reused) + "\n")
+print(f"{len(bins)} bundles:", ", ".join(f"c{i} {s / 1e6:.1f} MB" for i, s in enumerate(sizes, 1)),
+      f"({len(reused)} wheels reused from {sys.argv[2]})" if reused else "")
 PY
 rm -rf dl wheels slim fa3 out
 echo "vLLM $version staged in $dir: copy each c*/ into /tmp/stage/ on the GPU machine, then bash /tmp/stage/gpu-install.sh"
