@@ -21,7 +21,7 @@ watch covers); cache.py, drift.py and status.py are pure.
   a settled CR makes no request at all.
 - Status moves with its children: a Deployment or pod event re-evaluates its CR at once. The probe-failure detail
   (podevents.py) comes from Events no watch covers: while an engine pod is not Ready the CR is re-queued every
-  PROBE_RECHECK_SECONDS (one Event list each time), never when every pod is Ready.
+  settings.probe_recheck_seconds (default 10 s; one Event list each time), never when every pod is Ready.
 - A slow safety resync (settings.resync_seconds, default 300 s) re-enqueues every cached CR (no list call); when
   nothing changed it writes nothing. Not a kopf timer (kopf puts a finalizer on objects with timers/daemons).
 - Nodes: the operator watches them (metadata kept: names only) when a SelfSubjectAccessReview at startup says it
@@ -60,8 +60,6 @@ from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
 PODMONITOR = ("monitoring.coreos.com/v1", "PodMonitor")
-PROBE_RECHECK_SECONDS = 10.0
-"""While an engine pod is not Ready, how often its CR is re-queued to read the kubelet's probe Events."""
 Key = tuple[str, str, str]
 log = logging.getLogger("hpd_operator")
 
@@ -487,7 +485,7 @@ def probe_details(run: Run) -> dict[str, str]:
     waiting = {role: run.pods.get(role, []) for role in contract.ROLES}
     if not any(not podevents.pod_ready(p) for pods in waiting.values() for p in pods):
         return {}
-    run.requeue_after = PROBE_RECHECK_SECONDS
+    run.requeue_after = settings.current().probe_recheck_seconds
     events = report.observe_probe_events(run.api, run.namespace)
     out: dict[str, str] = {}
     for role, pods in waiting.items():

@@ -38,6 +38,7 @@ LIVENESS_PORT_DEFAULT = 8080
 METRICS_PORT_DEFAULT = 9090
 RESYNC_SECONDS_DEFAULT = 300.0
 WORKERS_DEFAULT = 4
+PROBE_RECHECK_SECONDS_DEFAULT = 10.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class OperatorConfig:
     resync_seconds: float = RESYNC_SECONDS_DEFAULT
     workers: int = WORKERS_DEFAULT
     """Reconcile worker threads (CRs converged at once)."""
+    probe_recheck_seconds: float = PROBE_RECHECK_SECONDS_DEFAULT
+    """While an engine pod is not Ready, how often its CR is re-queued to read the kubelet's probe Events."""
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE
     router_image: str = c.DEFAULT_ROUTER_IMAGE
     pod_monitor_labels: tuple[tuple[str, str], ...] = ()
