@@ -1,7 +1,8 @@
 """The event-driven reconcile on the local control plane (issue #15 item 1): what an idle operator costs the
 apiserver, and how fast a child's status change reaches its CR's status.
 
-1. Creates N CRs (the seed example, 1 replica per role) in a fresh namespace with the operator running (its own
+1. Adds kwok GPU nodes until every CR fits (removed at the end), creates N CRs (the seed example, 1 replica per
+   role) in a fresh namespace with the operator running (its own
    subprocess, `--namespace NS`, default safety resync 300 s), waits until all are Ready and the operator's work
    queue is empty, then holds IDLE seconds and reports the delta of the apiserver's `apiserver_request_total` by
    verb (all clients: the cluster is otherwise quiet) and of the operator's own `hpd_operator_api_requests_total`
@@ -178,6 +179,14 @@ def main() -> int:
     result: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "crs": args.crs, "namespace": ns}
     nodes: list[str] = []
     try:
+        # room for every CR (the seed asks 2 + 2 GPUs; a kwok node has 8): add kwok nodes, removed at the end
+        pool = cluster.NodePool()
+        have = len(core.list_node().items)
+        for _ in range(max(0, -(-args.crs * 4 // pool.gpus_per_node) + 2 - have)):
+            node = f"bench-{uuid.uuid4().hex[:6]}"
+            cluster.api(state, "POST", "/api/v1/nodes", cluster._node_manifest(node, pool))
+            nodes.append(node)
+        result["kwok_nodes"] = have + len(nodes)
         wait(op_metrics, 60, "operator metrics")
         t0 = time.monotonic()
         for i in range(args.crs):
