@@ -89,6 +89,20 @@ def by(label: str, before: dict[Any, float], after: dict[Any, float]) -> dict[st
     return dict(sorted(out.items()))
 
 
+def by_verb_resource(before: dict[Any, float], after: dict[Any, float]) -> dict[str, float]:
+    """`VERB resource[/subresource]` -> delta (who did it shows from the resource: leases are kwok's and the
+    controllers' heartbeats, the operator's kinds are the operator's)."""
+    out: dict[str, float] = {}
+    for k, v in after.items():
+        d = v - before.get(k, 0.0)
+        if d:
+            lab = dict(k)
+            sub = lab.get("subresource", "")
+            key = f"{lab.get('verb', '')} {lab.get('resource', '')}{'/' + sub if sub else ''}"
+            out[key] = out.get(key, 0.0) + d
+    return dict(sorted(out.items()))
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -217,6 +231,7 @@ def main() -> int:
         )
         result["idle_seconds"] = args.idle
         result["idle_apiserver_requests_by_verb"] = by("verb", a0, a1)
+        result["idle_apiserver_requests_by_verb_resource"] = by_verb_resource(a0, a1)
         result["idle_operator_requests_by_method"] = by("method", o0, o1)
         result["operator_rss_mib"] = round(rss_mib(op.pid), 1)
 
