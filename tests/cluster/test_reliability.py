@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
 from hpd_devcluster import cluster
 from hpd_devcluster.testing import wait_for
@@ -32,6 +32,8 @@ from .kube import G, P, T, V, children, cond, create, deployment, expected, get_
 
 pytestmark = pytest.mark.cluster
 
+QUIET_RESYNC = "3600"
+"""No safety resync during a drill: everything it checks must come from watch events (the default is 300 s)."""
 POOL_LABEL = "hybridpd.test/pool"
 TAINT = {"key": "hybridpd.test/drill", "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": "hybridpd.test/drill", "operator": "Exists", "effect": "NoSchedule"}
@@ -122,6 +124,15 @@ def pods_of(api: client.ApiClient, ns: str, name: str, component: str) -> list[c
 
 def pod_ready(pod: client.V1Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def brief(cr: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a CR's status a failure message needs (the whole status repeats the profile)."""
+    st = cr.get("status") or {}
+    conds = {c["type"]: f"{c['status']} {c.get('reason')}: {c.get('message')}" for c in st.get("conditions") or []}
+    roles = {r: (st.get(r) or {}).get("summary") for r in (*contract.ROLES, contract.COMPONENT_ROUTER)}
+    return {"generation": cr["metadata"].get("generation"), "observedGeneration": st.get("observedGeneration"),
+            "phase": st.get("phase"), **roles, "conditions": conds}  # fmt: skip
 
 
 def is_ready(cr: dict[str, Any]) -> bool:
@@ -354,7 +365,7 @@ def workload_mismatches(
 
 
 def test_operator_sigkilled_20_times_during_a_burst_of_50_crs_converges_exactly(
-    operator: Operator, api_client: client.ApiClient, namespace: str, nodes: Nodes
+    make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str, nodes: Nodes
 ) -> None:
     seed_value = int(os.environ.get("HPD_DRILL_SEED") or random.SystemRandom().randrange(2**32))
     print(f"DRILL sigkill seed={seed_value} (rerun with HPD_DRILL_SEED={seed_value})", flush=True)
@@ -363,6 +374,7 @@ def test_operator_sigkilled_20_times_during_a_burst_of_50_crs_converges_exactly(
     for _ in range(3):  # 3 x 64 GPUs: the most the plan can ask for is 50 CRs x (1 prefill + 2 decode)
         wait_ready_node(api_client, nodes.add({POOL_LABEL: pool}, cluster.NodePool(gpus_per_node=64)))
     ops, model = plan(rng, pool)
+    operator = make_operator(QUIET_RESYNC)
     kill_at = list(_cumulative(rng, KILLS))
     op_at = sorted(rng.uniform(0, kill_at[-1] - 0.5) for _ in ops)
     timeline = sorted([(t, "op", i) for i, t in enumerate(op_at)] + [(t, "kill", i) for i, t in enumerate(kill_at)])
@@ -407,7 +419,6 @@ def _cumulative(rng: random.Random, n: int) -> Iterator[float]:
 
 
 # --- 2. kube-apiserver restart -------------------------------------------------------------------------------
-QUIET_RESYNC = "3600"  # no resync round during the drill: only a resumed watch can deliver what follows
 
 
 def test_apiserver_restart_watches_resume_and_a_new_cr_is_reconciled(
@@ -426,9 +437,9 @@ def test_apiserver_restart_watches_resume_and_a_new_cr_is_reconciled(
     create(api_client, ns, seed("after"))
     wait_for(lambda: children(api_client, ns, "after") == expected("after"), 120, what="children of `after`")
     children_s = time.monotonic() - back
-    cr = wait_cr(
-        api_client, ns, "after", lambda c: (c.get("status") or {}).get("observedGeneration") == 1, "status of `after`"
-    )
+    # its pods' and Deployments' events reach its status (the child and pod watches resumed as well)
+    cr = wait_cr(api_client, ns, "after", is_ready, "`after` Ready", timeout=120)
+    ready_s = time.monotonic() - back
     assert cr["status"]["endpoint"] == f"http://after.{ns}.svc:8000"
 
     # the watch on existing CRs resumed too: a spec change after the restart reaches the children
@@ -440,14 +451,15 @@ def test_apiserver_restart_watches_resume_and_a_new_cr_is_reconciled(
         what="the PDB of `before`",
     )
     assert op.proc is not None and op.proc.poll() is None, "the operator exited while the apiserver restarted"
-    record("apiserver-restart", children_after_apiserver_back_s=children_s)
+    record("apiserver-restart", children_after_apiserver_back_s=children_s, ready_after_apiserver_back_s=ready_s)
 
 
 # --- 3. a node with decode pods is deleted -------------------------------------------------------------------
 def test_deleting_a_node_with_decode_pods_leaves_ready_until_they_run_on_another_node(
-    operator: Operator, api_client: client.ApiClient, namespace: str, nodes: Nodes
+    make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str, nodes: Nodes
 ) -> None:
     ns, name, pool = namespace, "lost", f"lost-{uuid.uuid4().hex[:6]}"
+    make_operator(QUIET_RESYNC)
     doomed = nodes.add({POOL_LABEL: pool})
     wait_ready_node(api_client, doomed)
     doc = seed(name)
@@ -473,16 +485,21 @@ def test_deleting_a_node_with_decode_pods_leaves_ready_until_they_run_on_another
 
     # Back to Ready once the pods run elsewhere: the controller-manager's pod GC deletes pods of a vanished node
     # after a 40 s quarantine, the ReplicaSet replaces them, the scheduler puts them on the spare node. Ready must
-    # not come back while a decode pod is still bound to the deleted node (CR read first, then the pods: a pod
-    # never moves back, so a True seen before a pod still on `doomed` is a real early Ready).
-    def back() -> bool:
-        cr = get_cr(api_client, ns, name)
-        on_doomed = [p.metadata.name for p in pods_of(api_client, ns, name, "decode") if p.spec.node_name == doomed]
-        ready = cond(cr, "Ready").get("status") == "True"
-        assert not (ready and on_doomed), f"Ready=True while {on_doomed} are bound to the deleted node {doomed}"
-        return ready
-
-    wait_for_or_raise(back, 180, what="Ready again on the spare node")
+    # not come back before both replacements are Ready. Every status write is seen (a watch from the Ready=False
+    # version on); at the first Ready=True the pods are read: from here on a decode pod only leaves the deleted node
+    # and a replacement only turns Ready, so fewer than 2 Ready replacements then means fewer at the write too.
+    cr = next((c for c in versions(api_client, ns, name, cr["metadata"]["resourceVersion"], 180) if is_ready(c)), {})
+    assert cr, "not Ready again within 180 s of the node deletion"
+    back_s = time.monotonic() - t0
+    pods = pods_of(api_client, ns, name, "decode")
+    replaced = [p.metadata.name for p in pods if p.spec.node_name != doomed and pod_ready(p)]
+    assert len(replaced) == 2, (
+        f"Ready=True ({cr['status']['decode']['summary']}) while only {replaced} run Ready off the deleted node "
+        f"{doomed}: {[(p.metadata.name, p.spec.node_name, pod_ready(p)) for p in pods]}"
+    )
+    # and it stays Ready: a later Ready=False would mean the first Ready=True came before the replacements were
+    for later in versions(api_client, ns, name, cr["metadata"]["resourceVersion"], 5):
+        assert is_ready(later), f"Ready came back too early, it dropped again: {brief(later)}"
     back_s = time.monotonic() - t0
     after = pods_of(api_client, ns, name, "decode")
     assert len(after) == 2 and all(pod_ready(p) for p in after)
@@ -493,30 +510,31 @@ def test_deleting_a_node_with_decode_pods_leaves_ready_until_they_run_on_another
     record("node-lost", ready_false_after_s=left_s, ready_again_after_s=back_s)
 
 
-def wait_for_or_raise(check: Callable[[], bool], timeout: float, what: str) -> None:
-    """wait_for, but an AssertionError from `check` fails at once (a claim broken, not a "not yet")."""
-    broken: list[AssertionError] = []
-
-    def guarded() -> bool:
-        try:
-            return check()
-        except AssertionError as e:
-            broken.append(e)
-            return True
-
-    wait_for(guarded, timeout, interval=0.3, what=what)
-    if broken:
-        raise broken[0]
+def versions(api: client.ApiClient, ns: str, name: str, since: str, seconds: float) -> Iterator[dict[str, Any]]:
+    """Every version of the CR written after resourceVersion `since`, for `seconds`, from a watch: a state the
+    operator writes for a moment and overwrites is seen too (polling can miss it)."""
+    custom, end = client.CustomObjectsApi(api), time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0.5:
+        stream = watch.Watch().stream(
+            custom.list_namespaced_custom_object, G, V, ns, P, field_selector=f"metadata.name={name}",
+            resource_version=since, timeout_seconds=max(1, round(left)),
+        )  # fmt: skip
+        for event in stream:
+            obj: dict[str, Any] = event["object"]
+            since = obj["metadata"]["resourceVersion"]
+            if event["type"] in ("ADDED", "MODIFIED"):
+                yield obj
 
 
 # --- 4. a prefill pod is replaced ----------------------------------------------------------------------------
 def test_a_replaced_prefill_pod_moves_status_and_leaves_decode_pods_alone(
-    operator: Operator, api_client: client.ApiClient, namespace: str, nodes: Nodes
+    make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str, nodes: Nodes
 ) -> None:
     """The operator's side of "decode follows prefill": the runtime in each decode pod re-checks its pair itself
     (hpd_runtime.pairing: polls the prefill Service, drops Ready, exits 75 if the pair stays broken), so the
     operator does not restart or touch decode pods; its status follows the prefill role instead."""
     ns, name, pool = namespace, "pair", f"pair-{uuid.uuid4().hex[:6]}"
+    make_operator(QUIET_RESYNC)
     host = nodes.add({POOL_LABEL: pool})
     wait_ready_node(api_client, host)
     doc = seed(name)
