@@ -25,10 +25,10 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="safety resync: every CR is re-queued this often (changes are handled at once, from watches)",
     )
     p.add_argument(
-        "--probe-recheck-seconds",
+        "--recheck-seconds",
         type=float,
-        default=s.PROBE_RECHECK_SECONDS_DEFAULT,
-        help="while an engine pod is not Ready, re-read its probe Events this often (no watch covers them)",
+        default=s.RECHECK_SECONDS_DEFAULT,
+        help="re-queue a CR whose child name is held by an object the operator does not manage this often",
     )
     p.add_argument(
         "--workers", type=_positive, default=s.WORKERS_DEFAULT, help="reconcile worker threads (CRs converged at once)"
@@ -80,7 +80,7 @@ def run(ns: argparse.Namespace) -> int:
             liveness_port=ns.liveness_port,
             resync_seconds=ns.resync_seconds,
             workers=ns.workers,
-            probe_recheck_seconds=ns.probe_recheck_seconds,
+            recheck_seconds=ns.recheck_seconds,
             vllm_image=ns.vllm_image,
             router_image=ns.router_image,
             pod_monitor_labels=tuple(ns.pod_monitor_label),

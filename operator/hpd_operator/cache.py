@@ -8,6 +8,8 @@ the node names. handlers.py feeds it from kopf's watch streams; the reconcile re
 - Write-through: what the operator itself applied, deleted or wrote as status goes in at once (`put_*` with the
   apiserver's answer), so the next reconcile does not act on a copy older than its own write. A watch event older
   than what is cached (a smaller integer resourceVersion; Kubernetes' are etcd revisions) is ignored.
+- Probe-failure Events (podevents.py) about our pods are kept too (watched with a field selector), so the reason a
+  pod is not Ready reaches the status without a list call.
 - Grouping: children and pods by (namespace, instance label), the label every child and pod carries; a CR maps to
   its instance label value through `builders.instance_label` (names longer than a label value are shortened).
 """
@@ -94,6 +96,16 @@ def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def trim_event(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """What podevents.probe_failure reads of a kubelet Event."""
+    md = ev.get("metadata") or {}
+    obj = ev.get("involvedObject") or {}
+    out = {k: ev.get(k) for k in ("reason", "message", "lastTimestamp", "eventTime", "firstTimestamp")}
+    out["involvedObject"] = {k: obj.get(k) for k in ("kind", "name", "uid")}
+    out["metadata"] = {k: md.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")}
+    return out
+
+
 def obj_key(obj: Mapping[str, Any]) -> ObjKey:
     md = obj.get("metadata") or {}
     return (str(md.get("namespace")), str(obj.get("apiVersion")), str(obj.get("kind")), str(md.get("name")))
@@ -114,6 +126,10 @@ class Cache:
         self._child_groups: dict[tuple[str, str], set[ObjKey]] = defaultdict(set)
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._pod_groups: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+        self._events: dict[tuple[str, str], dict[str, Any]] = {}
+        """(namespace, Event name) -> a probe-failure Event about one of our pods."""
+        self._pod_events: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+        """(namespace, pod name) -> its Events' keys."""
         self.nodes: frozenset[str] | None = None
         """Existing node names; None while nodes are not watched (no permission)."""
 
@@ -215,6 +231,8 @@ class Cache:
             old = self._pods.get(k)
             if old is not None and old["metadata"].get("uid") == md.get("uid"):
                 self._remove_pod(k)
+                for ek in self._pod_events.pop(k, set()):  # its Events go with it
+                    self._events.pop(ek, None)
 
     def _remove_pod(self, k: tuple[str, str]) -> None:
         old = self._pods.pop(k, None)
@@ -229,6 +247,45 @@ class Cache:
         with self._lock:
             keys = self._pod_groups.get((namespace, instance), set())
             return [copy.deepcopy(self._pods[k]) for k in keys]
+
+    def pod_group(self, namespace: str, pod: str) -> tuple[str, str] | None:
+        """(namespace, instance) of a cached pod."""
+        with self._lock:
+            p = self._pods.get((namespace, pod))
+            return _group(p) if p is not None else None
+
+    # --- probe-failure Events ------------------------------------------------------------------------------------
+    def put_event(self, ev: Mapping[str, Any]) -> bool:
+        """Keep a kubelet probe-failure Event about one of our (cached) pods; False when it is about another pod."""
+        md, obj = ev.get("metadata") or {}, ev.get("involvedObject") or {}
+        ns, pod = str(md.get("namespace")), str(obj.get("name"))
+        k = (ns, str(md.get("name")))
+        with self._lock:
+            if (ns, pod) not in self._pods:
+                return False
+            if not newer_or_same(ev, self._events.get(k)):
+                return True
+            self._events[k] = trim_event(ev)
+            self._pod_events[(ns, pod)].add(k)
+        return True
+
+    def drop_event(self, ev: Mapping[str, Any]) -> None:
+        md, obj = ev.get("metadata") or {}, ev.get("involvedObject") or {}
+        ns = str(md.get("namespace"))
+        k, pk = (ns, str(md.get("name"))), (ns, str(obj.get("name")))
+        with self._lock:
+            self._events.pop(k, None)
+            keys = self._pod_events.get(pk)
+            if keys is not None:
+                keys.discard(k)
+                if not keys:
+                    del self._pod_events[pk]
+
+    def events(self, namespace: str, pods: Iterable[str]) -> list[dict[str, Any]]:
+        """The cached probe-failure Events about these pods."""
+        with self._lock:
+            keys = [k for p in pods for k in self._pod_events.get((namespace, p), ())]
+            return [copy.deepcopy(self._events[k]) for k in keys if k in self._events]
 
     def groups_on_node(self, node: str) -> list[tuple[str, str]]:
         """(namespace, instance) of every pod group with a pod bound to `node`."""
@@ -250,4 +307,9 @@ class Cache:
 
     def sizes(self) -> dict[str, int]:
         with self._lock:
-            return {"crs": len(self._crs), "children": len(self._children), "pods": len(self._pods)}
+            return {
+                "crs": len(self._crs),
+                "children": len(self._children),
+                "pods": len(self._pods),
+                "events": len(self._events),
+            }

@@ -1,33 +1,38 @@
 """The event-driven reconcile: kopf's watches feed a cache and a work queue; worker threads converge one CR at a
 time as a short list of named steps. The I/O lives in apply.py (children) and report.py (status, Events, reads no
-watch covers); cache.py, drift.py and status.py are pure.
+watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
 
 - Watches, not lists: kopf watches the CRs, every child kind the operator makes (apply.KINDS; PodMonitors only
-  where served), the pods, and the nodes where RBAC allows. `@kopf.index` handlers put each object (trimmed) into
-  `cache.Cache` before anything else runs: kopf holds every other handler until all indexed kinds finished their
-  initial listing, so no reconcile ever sees a half-filled cache (no "create" of an existing child on restart).
-- One work queue (workqueue.py, client-go's semantics): `@kopf.on.event` handlers enqueue the key (namespace,
-  name) of the CR an event concerns: the CR itself, a child or pod by its instance label (and a child by its
-  owner reference), the CRs with pods on a deleted node, and, after a deletion in a namespace, the CRs there that
-  wait for a name another object held (OwnershipConflict). A key waits at most once; one that arrives while its
-  CR is being converged runs once more afterwards. `--workers` threads (default 4) converge keys; a transient API
-  failure retries that key with backoff (0.5 s doubling to 60 s); everything else ends in the CR's status, as
-  before. Event and index handlers put no finalizer and no annotation on anything: deletion works with the
-  operator down (the children carry owner references; the garbage collector deletes them).
+  where served at startup) and the pods, filtered by the apiserver on the managed-by label; the kubelet's
+  probe-failure Events, filtered by reason (podevents.EVENT_FIELD_SELECTOR); and the nodes where RBAC allows.
+  `@kopf.index` handlers put each object (trimmed) into `cache.Cache` first: kopf holds every other handler until
+  all indexed kinds finished their initial listing, so no reconcile sees a half-filled cache (no "create" of an
+  existing child after a restart). An object that loses the managed-by label arrives as DELETED.
+- One work queue (workqueue.py, client-go's semantics): `@kopf.on.event` handlers enqueue the (namespace, name) of
+  the CR an event concerns: the CR itself, a child or pod by its instance label (a child also by its owner
+  reference), a probe Event by its pod, the CRs with pods on a deleted node. A key waits at most once; one that
+  arrives while its CR is being converged runs once more afterwards. `--workers` threads (default 4; the kubernetes
+  client is synchronous) converge keys; a transient API failure retries that key with backoff (0.5 s doubling to
+  60 s); everything else ends in the CR's status, as before, and one CR's failure never stops another.
 - `converge`: parse -> build -> claim -> apply -> prune, then observe + write_report. Only what differs is written:
   a child is applied when it is missing, its desired-hash annotation differs, or it drifted (drift.py: another
   manager's newer field set, or a changed generation, then one GET and a field compare); the status only when it
-  differs from the stored one; Events only on transitions (RiskySpec once per spec generation). So a reconcile of
-  a settled CR makes no request at all.
-- Status moves with its children: a Deployment or pod event re-evaluates its CR at once. The probe-failure detail
-  (podevents.py) comes from Events no watch covers: while an engine pod is not Ready the CR is re-queued every
-  settings.probe_recheck_seconds (default 10 s; one Event list each time), never when every pod is Ready.
+  differs from the stored one (compute_status has no always-changing field: lastTransitionTime moves only on a
+  transition); Events only on transitions (RiskySpec once per spec generation). A reconcile of a settled CR makes
+  no request at all; a child's status change reaches the CR's status in one reconcile.
+- The one thing no event announces is the deletion of an object without our label that holds a desired name
+  (OwnershipConflict): such a CR is re-queued every settings.recheck_seconds (default 10 s) until it converges.
 - A slow safety resync (settings.resync_seconds, default 300 s) re-enqueues every cached CR (no list call); when
-  nothing changed it writes nothing. Not a kopf timer (kopf puts a finalizer on objects with timers/daemons).
-- Nodes: the operator watches them (metadata kept: names only) when a SelfSubjectAccessReview at startup says it
-  may list and watch nodes (the chart's rbac.readNodes); otherwise lost nodes are not detected (status says
-  nothing about them; the pod garbage collector eventually removes such pods). PodMonitors are watched when the
-  apiserver serves them at startup; a Prometheus Operator installed later needs an operator restart.
+  nothing changed it writes nothing. It is an asyncio task, not a kopf timer: kopf puts a finalizer on objects
+  with timers/daemons. No finalizer and no annotation is put on the CR (event and index handlers write nothing):
+  deletion works with the operator down (children carry owner references; the garbage collector deletes them).
+- Nodes: watched (names kept) when a SelfSubjectAccessReview at startup says the operator may list and watch them
+  (the chart's rbac.readNodes, a ClusterRole in both RBAC scopes: kopf watches a cluster-scoped resource
+  cluster-wide even when it serves named namespaces); otherwise the NodeLost check is skipped (the pod garbage
+  collector eventually removes such pods). A Prometheus Operator installed later needs an operator restart.
+- Limits: kopf re-lists after a watch gap (410 Gone) without reporting what was deleted in the gap; such an object
+  stays cached until the operator restarts (a deleted child would not be re-created). The apiserver sends
+  bookmarks (kopf asks for them), so gaps are rare: an apiserver restart is the realistic case.
 """
 
 from __future__ import annotations
@@ -80,13 +85,21 @@ _STATE: dict[str, Any] = {}
 
 
 def new_client() -> client.ApiClient:
-    """One kubernetes ApiClient for our own calls (kopf uses its own for watching)."""
+    """One kubernetes ApiClient for our own calls (kopf uses its own for watching), counting its requests."""
     cfg = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return client.ApiClient(cfg)
+    api = client.ApiClient(cfg)
+    request = api.rest_client.request
+
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        metrics.API_REQUESTS.labels(method.upper()).inc()
+        return request(method, url, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    api.rest_client.request = counted  # type: ignore[method-assign]
+    return api
 
 
 def setup(deadline_s: float = 120.0) -> Capabilities:
@@ -143,7 +156,6 @@ async def _cr_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     key = _cr_key(body)
     if type == "DELETED":
         CACHE.drop_cr(key, instance_label(key[1]))
-        _CONFLICTED.discard(key)
         forget(key, str(body["metadata"].get("uid")))
         return
     CACHE.put_cr(_plain(body), instance_label(key[1]))
@@ -173,9 +185,6 @@ async def _child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     if type == "DELETED":
         CACHE.drop_child(obj)
         _CHECKED.pop(str(obj["metadata"].get("uid")), None)
-        ns = str(obj["metadata"].get("namespace"))
-        for key in [k for k in _CONFLICTED if k[0] == ns]:  # a name another object held may be free now
-            QUEUE.add(key)
     else:
         CACHE.put_child(obj)
     for key in _owners(obj):
@@ -196,6 +205,23 @@ async def _pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         QUEUE.add(key)
 
 
+async def _index_event(body: kopf.Body, **_: Any) -> None:
+    CACHE.put_event(_plain(body))
+
+
+async def _event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    ev = _plain(body)
+    if type == "DELETED":
+        CACHE.drop_event(ev)
+        return
+    if not CACHE.put_event(ev):
+        return  # about a pod that is not ours
+    group = CACHE.pod_group(str(ev["metadata"].get("namespace")), str((ev.get("involvedObject") or {}).get("name")))
+    if group is not None:
+        for key in CACHE.crs_of(*group):
+            QUEUE.add(key)
+
+
 async def _index_node(body: kopf.Body, **_: Any) -> None:
     CACHE.add_node(str(body["metadata"]["name"]))
 
@@ -210,17 +236,39 @@ async def _node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
             QUEUE.add(key)
 
 
-def _register_children(caps: Capabilities) -> None:
-    """Index + event handlers on every child kind, the pods, and (if allowed) the nodes."""
+MANAGED = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+
+
+def _watched(caps: Capabilities) -> list[tuple[str, str, str]]:
+    """(group, version, plural) of every child kind watched."""
+    out = []
     for kind in k8s.KINDS:
         if (kind.api_version, kind.kind) == PODMONITOR and not caps.podmonitors:
             continue
         group, _, version = kind.api_version.rpartition("/")
-        what = f"{kind.plural}.{group or 'core'}"
-        kopf.index(group, version, kind.plural, id=f"cache-{what}")(_index_child)
-        kopf.on.event(group, version, kind.plural, id=f"enqueue-{what}")(_child_event)
+        out.append((group, version, kind.plural))
+    return out
+
+
+@kopf.on.startup(id="selectors")
+def server_side_selectors(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Watch only what the operator manages: children and pods by the managed-by label, Events by reason (the
+    apiserver filters; an object that loses the label arrives as DELETED)."""
+    for group, version, plural in [*_watched(_caps()), ("", "v1", "pods")]:
+        settings.watching.label_selectors[group, version, plural] = MANAGED
+    settings.watching.field_selectors["", "v1", "events"] = podevents.EVENT_FIELD_SELECTOR
+
+
+def _register_children(caps: Capabilities) -> None:
+    """Index + event handlers on every child kind, the pods, their probe Events, and (if allowed) the nodes."""
+    for group, version, plural in _watched(caps):
+        what = f"{plural}.{group or 'core'}"
+        kopf.index(group, version, plural, id=f"cache-{what}")(_index_child)
+        kopf.on.event(group, version, plural, id=f"enqueue-{what}")(_child_event)
     kopf.index("", "v1", "pods", id="cache-pods")(_index_pod)
     kopf.on.event("", "v1", "pods", id="enqueue-pods")(_pod_event)
+    kopf.index("", "v1", "events", id="cache-probe-events")(_index_event)
+    kopf.on.event("", "v1", "events", id="enqueue-probe-events")(_event_event)
     if caps.nodes:
         CACHE.set_nodes(())
         kopf.index("", "v1", "nodes", id="cache-nodes")(_index_node)
@@ -480,16 +528,14 @@ def observe(run: Run) -> None:
 
 def probe_details(run: Run) -> dict[str, str]:
     """Why an engine role's pods are not Ready, from the kubelet's probe Events (the exec probe prints the runtime's
-    reason, e.g. "P->D output differs from local"); one Event list, and only while some engine pod is not Ready
-    (then the CR is re-queued to look again: no watch covers these Events)."""
-    waiting = {role: run.pods.get(role, []) for role in contract.ROLES}
-    if not any(not podevents.pod_ready(p) for pods in waiting.values() for p in pods):
-        return {}
-    run.requeue_after = settings.current().probe_recheck_seconds
-    events = report.observe_probe_events(run.api, run.namespace)
+    reason, e.g. "P->D output differs from local"), as the watch cache holds them."""
     out: dict[str, str] = {}
-    for role, pods in waiting.items():
-        detail = podevents.probe_failure(pods, events)
+    for role in contract.ROLES:
+        pods = run.pods.get(role, [])
+        waiting = [str(p["metadata"]["name"]) for p in pods if not podevents.pod_ready(p)]
+        if not waiting:
+            continue
+        detail = podevents.probe_failure(pods, run.cache.events(run.namespace, waiting))
         if detail:
             out[role] = detail
     return out
@@ -535,9 +581,6 @@ def write_report(run: Run) -> dict[str, Any]:
 
 _REPORTED: dict[str, list[dict[str, Any]]] = {}
 """CR uid -> the conditions this process last wrote."""
-_CONFLICTED: set[CRKey] = set()
-"""CRs whose last reconcile found a desired name held by another object: re-queued when an object of a child kind
-is deleted in their namespace."""
 
 
 def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Run:
@@ -546,11 +589,8 @@ def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Ru
     with metrics.reconcile() as outcome:
         run = Run(api, cache, body, podmonitor_served=_caps().podmonitors)
         run_steps(run)
-        key = (run.namespace, run.name)
-        if run.conflicts:
-            _CONFLICTED.add(key)
-        else:
-            _CONFLICTED.discard(key)
+        if run.conflicts:  # a name held by another object: its deletion may come with no event we see
+            run.requeue_after = settings.current().recheck_seconds
         try:
             observe(run)
         except client.ApiException as e:

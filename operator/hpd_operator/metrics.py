@@ -110,6 +110,11 @@ WORKQUEUE_WORK_DURATION = Histogram(
     ["name"],
     buckets=_QUEUE_BUCKETS,
 )
+API_REQUESTS = Counter(
+    "hpd_operator_api_requests_total",
+    "Kubernetes API requests of the operator's reconcile client, by HTTP method (kopf's watch streams not included).",
+    ["method"],
+)
 OBSERVED_OBJECTS = Gauge(
     "hpd_operator_cached_objects",
     "Objects in the operator's watch cache, by kind of entry (crs, children, pods).",
@@ -222,6 +227,8 @@ def _initialize() -> None:
     TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER)
     RECONCILE_TIME.labels(CONTROLLER)
     ACTIVE_WORKERS.labels(CONTROLLER)
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        API_REQUESTS.labels(method)
     WORKQUEUE_DEPTH.labels(CONTROLLER)
     WORKQUEUE_ADDS.labels(CONTROLLER)
     WORKQUEUE_QUEUE_DURATION.labels(CONTROLLER)

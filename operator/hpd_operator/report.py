@@ -1,5 +1,5 @@
 """I/O beside apply.py: shape what the watch cache holds about what runs (role Deployments, pods), read what no
-watch covers (probe Events, permissions), and report (status, Events).
+watch covers (permissions), and report (status, Events).
 
 Events follow the core/v1 series semantics that client-go's EventCorrelator uses: one object per CR, type, reason
 and message, named deterministically; a repeat patches `count` and `lastTimestamp` on that object instead of
@@ -17,7 +17,7 @@ from typing import Any, cast
 from kubernetes import client
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, podevents
+from hpd_operator import metrics
 from hpd_operator.builders import role_name, router_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
@@ -55,18 +55,6 @@ def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, 
         if comp in out:
             out[comp].append(dict(pod))
     return out
-
-
-def observe_probe_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    """The kubelet's probe-failure Events of pods in `namespace` (best effort: [] when not allowed or failing)."""
-    try:
-        data = k8s.read(
-            api, f"/api/v1/namespaces/{namespace}/events", [("fieldSelector", podevents.EVENT_FIELD_SELECTOR)]
-        )
-    except client.ApiException as e:
-        metrics.api_error("probe-events", e.status)
-        return []
-    return list(data.get("items", []))
 
 
 def may(api: client.ApiClient, verb: str, resource: str, group: str = "") -> bool:

@@ -38,7 +38,7 @@ LIVENESS_PORT_DEFAULT = 8080
 METRICS_PORT_DEFAULT = 9090
 RESYNC_SECONDS_DEFAULT = 300.0
 WORKERS_DEFAULT = 4
-PROBE_RECHECK_SECONDS_DEFAULT = 10.0
+RECHECK_SECONDS_DEFAULT = 10.0
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class OperatorConfig:
     resync_seconds: float = RESYNC_SECONDS_DEFAULT
     workers: int = WORKERS_DEFAULT
     """Reconcile worker threads (CRs converged at once)."""
-    probe_recheck_seconds: float = PROBE_RECHECK_SECONDS_DEFAULT
-    """While an engine pod is not Ready, how often its CR is re-queued to read the kubelet's probe Events."""
+    recheck_seconds: float = RECHECK_SECONDS_DEFAULT
+    """How often a CR whose child name is held by an object the operator does not watch (no managed-by label) is
+    re-queued to look again (no event announces that object's deletion)."""
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE
     router_image: str = c.DEFAULT_ROUTER_IMAGE
     pod_monitor_labels: tuple[tuple[str, str], ...] = ()

@@ -24,11 +24,12 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
   verbs: ["update"]
 # Events on the CR: Created/Updated/Pruned and condition transitions (report.event) and kopf's warnings. An Event
 # has a deterministic name per CR/type/reason/message: create, and on a repeat get + patch its count (aggregation).
-# list: the kubelet's probe-failure Events of the engine pods (report.observe_probe_events, only while a pod is not
-# Ready), whose message carries the runtime's reason (e.g. "P->D output differs from local") into DecodeReady.
+# list+watch: kopf's watch of the kubelet's probe-failure Events (field selector involvedObject.kind=Pod,
+# reason=Unhealthy; handlers._index_event), whose message carries the runtime's reason (e.g. "P->D output differs
+# from local") into DecodeReady.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "get", "patch", "list"]
+  verbs: ["create", "get", "patch", "list", "watch"]
 # Children (apply.KINDS). list+watch: kopf's watch of each kind feeds the cache the reconcile reads (ownership,
 # desired-hash, Deployment status; handlers._register_children); patch: server-side apply of a child that is
 # missing, changed or drifted (apply.apply); create: the same apply PATCH creates a missing child, which the
