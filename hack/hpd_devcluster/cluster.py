@@ -62,6 +62,8 @@ class NodePool:
     gpus_per_node: int = 8
     gpu_product: str = "NVIDIA-H200"
     gpu_memory_mib: int = 143771
+    cpu: str = "128"
+    memory: str = "2Ti"
 
 
 @dataclass
@@ -221,8 +223,8 @@ def _write_kubeconfigs(state: ClusterState) -> None:
 
 def _node_manifest(name: str, pool: NodePool) -> dict[str, Any]:
     resources = {
-        "cpu": "128",
-        "memory": "2Ti",
+        "cpu": pool.cpu,
+        "memory": pool.memory,
         "pods": "110",
         "ephemeral-storage": "2Ti",
         GPU_RESOURCE: str(pool.gpus_per_node),

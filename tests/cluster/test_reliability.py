@@ -77,9 +77,18 @@ def place(spec: dict[str, Any], role: str, pool: str) -> None:
 
 @pytest.fixture()
 def nodes(devcluster: cluster.ClusterState, api_client: client.ApiClient) -> Iterator[Nodes]:
+    """Listed first by the tests, so it ends after their namespace was deleted: the pods still bound to its nodes
+    are deleted at once (kwok stops finishing them once their node is gone), then the nodes."""
     made = Nodes(devcluster)
     yield made
+    core = client.CoreV1Api(api_client)
     for name in made.names:
+        for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+            try:
+                core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
         cluster.delete_node(devcluster, name)
 
 
@@ -270,7 +279,7 @@ def status_mismatches(name: str, cr: dict[str, Any], spec: dict[str, Any] | None
     if st.get("observedGeneration") != gen:
         out.append(f"{name} observedGeneration {st.get('observedGeneration')} != generation {gen}")
     if cond(cr, "Ready").get("status") != "True" or st.get("phase") != "Ready":
-        out.append(f"{name} Ready={cond(cr, 'Ready')} phase={st.get('phase')}")
+        out.append(f"{name} not Ready: {brief(cr)}")
     stale = [c["type"] for c in st.get("conditions") or [] if c.get("observedGeneration") != gen]
     if stale:
         out.append(f"{name} conditions of an older generation: {stale}")
@@ -365,14 +374,16 @@ def workload_mismatches(
 
 
 def test_operator_sigkilled_20_times_during_a_burst_of_50_crs_converges_exactly(
-    make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str, nodes: Nodes
+    nodes: Nodes, make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str
 ) -> None:
     seed_value = int(os.environ.get("HPD_DRILL_SEED") or random.SystemRandom().randrange(2**32))
     print(f"DRILL sigkill seed={seed_value} (rerun with HPD_DRILL_SEED={seed_value})", flush=True)
     rng = random.Random(seed_value)
     ns, pool = namespace, f"drill-{uuid.uuid4().hex[:6]}"
-    for _ in range(3):  # 3 x 64 GPUs: the most the plan can ask for is 50 CRs x (1 prefill + 2 decode)
-        wait_ready_node(api_client, nodes.add({POOL_LABEL: pool}, cluster.NodePool(gpus_per_node=64)))
+    # room for the most the plan can ask for, 50 CRs x (1 prefill + 2 decode) pods of 1 GPU, 4 CPUs, 32 GiB each
+    big = cluster.NodePool(gpus_per_node=64, cpu="512", memory="8Ti")
+    for _ in range(3):
+        wait_ready_node(api_client, nodes.add({POOL_LABEL: pool}, big))
     ops, model = plan(rng, pool)
     operator = make_operator(QUIET_RESYNC)
     kill_at = list(_cumulative(rng, KILLS))
@@ -399,8 +410,9 @@ def test_operator_sigkilled_20_times_during_a_burst_of_50_crs_converges_exactly(
     try:
         wait_for(converged, 240, interval=1.0, what="every CR converged after the last restart")
     except AssertionError as e:
+        shown = "\n".join(last[0][:30])
         raise AssertionError(
-            f"seed {seed_value}: {len(last[0])} mismatches, first 30:\n" + "\n".join(last[0][:30])
+            f"seed {seed_value}: {len(last[0])} mismatches, first 30:\n{shown}\n{workloads(api_client, ns, last[0])}"
         ) from e
     converge_s = time.monotonic() - t0 - storm
     assert operator.proc.poll() is None, "the operator exited after its last restart"
@@ -409,6 +421,25 @@ def test_operator_sigkilled_20_times_during_a_burst_of_50_crs_converges_exactly(
         "sigkill", seed=seed_value, kills=KILLS, creates=counts["create"], updates=counts["update"],
         deletes=counts["delete"], crs=len(model.specs), storm_s=storm, converge_after_last_kill_s=converge_s,
     )  # fmt: skip
+
+
+def workloads(api: client.ApiClient, ns: str, problems: list[str]) -> str:
+    """The Deployments' status and the pods of the CRs named first in `problems` (for a failure message)."""
+    names = sorted({p.split()[0] for p in problems if p.startswith("drill-")})[:5]
+    lines = []
+    for name in names:
+        for role in (*contract.ROLES, contract.COMPONENT_ROUTER):
+            try:
+                st = deployment(api, ns, f"{name}-{role}").status
+                lines.append(f"{name}-{role}: replicas {st.replicas} ready {st.ready_replicas} updated "
+                             f"{st.updated_replicas} observedGeneration {st.observed_generation}")  # fmt: skip
+            except client.ApiException as e:
+                lines.append(f"{name}-{role}: {e.status}")
+            lines += [
+                f"  pod {p.metadata.name} node {p.spec.node_name} ready {pod_ready(p)} phase {p.status.phase}"
+                for p in pods_of(api, ns, name, role)
+            ]
+    return "\n".join(lines)
 
 
 def _cumulative(rng: random.Random, n: int) -> Iterator[float]:
@@ -445,18 +476,23 @@ def test_apiserver_restart_watches_resume_and_a_new_cr_is_reconciled(
     # the watch on existing CRs resumed too: a spec change after the restart reaches the children
     patch_spec(api_client, ns, "before", {"decode": {"replicas": 2}})
     wait_for(lambda: deployment(api_client, ns, "before-decode").spec.replicas == 2, T, what="`before` updated")
+    t_patch = time.monotonic()
     wait_for(
         lambda: children(api_client, ns, "before") == expected("before", PodDisruptionBudget=["{n}-decode"]),
         T,
         what="the PDB of `before`",
     )
+    update_s = time.monotonic() - t_patch
     assert op.proc is not None and op.proc.poll() is None, "the operator exited while the apiserver restarted"
-    record("apiserver-restart", children_after_apiserver_back_s=children_s, ready_after_apiserver_back_s=ready_s)
+    record(
+        "apiserver-restart", children_after_apiserver_back_s=children_s, ready_after_apiserver_back_s=ready_s,
+        spec_change_to_children_s=update_s,
+    )  # fmt: skip
 
 
 # --- 3. a node with decode pods is deleted -------------------------------------------------------------------
 def test_deleting_a_node_with_decode_pods_leaves_ready_until_they_run_on_another_node(
-    make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str, nodes: Nodes
+    nodes: Nodes, make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str
 ) -> None:
     ns, name, pool = namespace, "lost", f"lost-{uuid.uuid4().hex[:6]}"
     make_operator(QUIET_RESYNC)
@@ -528,7 +564,7 @@ def versions(api: client.ApiClient, ns: str, name: str, since: str, seconds: flo
 
 # --- 4. a prefill pod is replaced ----------------------------------------------------------------------------
 def test_a_replaced_prefill_pod_moves_status_and_leaves_decode_pods_alone(
-    make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str, nodes: Nodes
+    nodes: Nodes, make_operator: Callable[[str], Operator], api_client: client.ApiClient, namespace: str
 ) -> None:
     """The operator's side of "decode follows prefill": the runtime in each decode pod re-checks its pair itself
     (hpd_runtime.pairing: polls the prefill Service, drops Ready, exits 75 if the pair stays broken), so the
