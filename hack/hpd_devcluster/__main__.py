@@ -1,4 +1,4 @@
-"""`python -m hpd_devcluster up|down|env|status|build`: the local control plane for tests and the demo."""
+"""`python -m hpd_devcluster up|down|restart|env|status|build`: the local control plane for tests and the demo."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--gpu-product", default="NVIDIA-H200", help="value of the nvidia.com/gpu.product label")
     p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a Ready cluster")
     sub.add_parser("down", help="stop every process `up` started and delete the cluster's data")
+    p_restart = sub.add_parser("restart", help="stop one process of the running cluster and start it again, same flags")
+    p_restart.add_argument("process", choices=cluster.PROCESS_ORDER)
     sub.add_parser("env", help="print `export KUBECONFIG=... PATH=...` for eval")
     sub.add_parser("status", help="print PIDs, ports and health as JSON; exit 1 if not healthy")
     sub.add_parser("build", help="only build/fetch the binaries into the cache")
@@ -39,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             stopped = cluster.down(args.name)
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
+        elif args.command == "restart":
+            running = cluster.ClusterState.load(args.name)
+            if running is None:
+                print(f"no cluster {args.name!r}; run: python -m hpd_devcluster up", file=sys.stderr)
+                return 1
+            t0 = time.monotonic()
+            cluster.restart(running, args.process)
+            print(f"{args.process} serves again after {time.monotonic() - t0:.1f} s", file=sys.stderr)
         elif args.command == "env":
             loaded = cluster.ClusterState.load(args.name)
             if loaded is None:

@@ -62,6 +62,8 @@ class NodePool:
     gpus_per_node: int = 8
     gpu_product: str = "NVIDIA-H200"
     gpu_memory_mib: int = 143771
+    cpu: str = "128"
+    memory: str = "2Ti"
 
 
 @dataclass
@@ -71,6 +73,8 @@ class ClusterState:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
+    argv: dict[str, list[str]] = field(default_factory=dict)
+    """Each process's command line as `up` started it, so `restart` starts it again with the same flags."""
 
     @property
     def root(self) -> Path:
@@ -206,6 +210,7 @@ def _start(state: ClusterState, process: str, argv: list[str]) -> None:
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=state.root
         )
     state.pids[process] = proc.pid
+    state.argv[process] = list(argv)
     _CHILDREN[proc.pid] = proc
     state.save()
 
@@ -218,8 +223,8 @@ def _write_kubeconfigs(state: ClusterState) -> None:
 
 def _node_manifest(name: str, pool: NodePool) -> dict[str, Any]:
     resources = {
-        "cpu": "128",
-        "memory": "2Ti",
+        "cpu": pool.cpu,
+        "memory": pool.memory,
         "pods": "110",
         "ephemeral-storage": "2Ti",
         GPU_RESOURCE: str(pool.gpus_per_node),
@@ -254,6 +259,34 @@ def _node_manifest(name: str, pool: NodePool) -> dict[str, Any]:
             "phase": "Running",
         },
     }
+
+
+def add_node(
+    state: ClusterState,
+    name: str,
+    pool: NodePool | None = None,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> None:
+    """One more kwok GPU node (like the ones `up` makes, plus `labels` and `taints`); kwok marks it Ready. Not
+    recorded in `state.nodes` (those are the ones `up` waits for): the caller deletes it with `delete_node`."""
+    node = _node_manifest(name, pool or NodePool())
+    node["metadata"]["labels"].update(labels or {})
+    if taints:
+        node["spec"]["taints"] = taints
+    api(state, "POST", "/api/v1/nodes", node)
+
+
+def delete_node(state: ClusterState, name: str) -> bool:
+    """Delete the Node object `name` (as a cloud provider does when a machine is gone); False if it did not exist.
+    Its pods stay bound to it until the controller-manager's pod GC deletes them (after its 40 s quarantine)."""
+    try:
+        api(state, "DELETE", f"/api/v1/nodes/{name}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise
+    return True
 
 
 def _nodes_ready(state: ClusterState) -> bool:
@@ -392,30 +425,68 @@ def _default_sa_exists(state: ClusterState) -> bool:
 
 def stop(state: ClusterState, grace: float = 10.0) -> list[str]:
     """SIGTERM every started process (reverse start order), SIGKILL what is left after `grace`; return names."""
-    stopped = []
     order = [p for p in reversed(PROCESS_ORDER) if p in state.pids]
-    for proc in order:
-        pid = state.pids[proc]
-        if _alive(pid, proc):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-            stopped.append(proc)
+    stopped = [proc for proc in order if _signal(state, proc, signal.SIGTERM)]
     end = time.monotonic() + grace
     for proc in order:
-        pid = state.pids[proc]
-        while _alive(pid, proc) and time.monotonic() < end:
-            time.sleep(0.1)
-        if _alive(pid, proc):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _reap(state, proc, end, signal.SIGKILL)
     for proc in order:
-        pid = state.pids[proc]
-        kill_deadline = time.monotonic() + 5
-        while _alive(pid, proc) and time.monotonic() < kill_deadline:
-            time.sleep(0.05)
-        if _alive(pid, proc):
-            raise ClusterError(f"stop {proc}", state.logs / f"{proc}.log", f"pid {pid} survived SIGKILL")
+        _reap(state, proc, time.monotonic() + 5, None)
     return stopped
+
+
+def _signal(state: ClusterState, proc: str, sig: int) -> bool:
+    """Send `sig` to the process group of `proc` if it still runs; True if it did."""
+    pid = state.pids[proc]
+    if not _alive(pid, proc):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+    return True
+
+
+def _reap(state: ClusterState, proc: str, until: float, then: int | None) -> None:
+    """Wait until `proc` exited or `until`; then send `then` (None: raise if it still runs)."""
+    pid = state.pids[proc]
+    while _alive(pid, proc) and time.monotonic() < until:
+        time.sleep(0.05)
+    if not _alive(pid, proc):
+        return
+    if then is None:
+        raise ClusterError(f"stop {proc}", state.logs / f"{proc}.log", f"pid {pid} survived SIGKILL")
+    _signal(state, proc, then)
+
+
+def _ready_check(state: ClusterState, process: str) -> Callable[[], bool]:
+    """How `up` knows `process` serves (kwok has no endpoint: its nodes' readiness stands for it)."""
+    p, insecure = state.ports, _insecure()
+    checks: dict[str, Callable[[], bool]] = {
+        "etcd": lambda: _url_ok(f"http://127.0.0.1:{p['etcd']}/health"),
+        "kube-apiserver": lambda: _url_ok(state.server + "/readyz", _ssl_context(state)),
+        "kube-controller-manager": lambda: _url_ok(f"https://127.0.0.1:{p['kcm']}/healthz", insecure),
+        "kube-scheduler": lambda: _url_ok(f"https://127.0.0.1:{p['scheduler']}/healthz", insecure),
+        "kwok": lambda: _nodes_ready(state),
+    }
+    return checks[process]
+
+
+def restart(state: ClusterState, process: str, grace: float = 3.0, timeout: float = 60.0) -> None:
+    """Stop one process of a running cluster (SIGTERM, SIGKILL after `grace`) and start it again with the same
+    command line, on the same ports and data; return once it serves again (e.g. kube-apiserver /readyz).
+
+    kube-apiserver stops listening at once on SIGTERM, then waits for open watches up to its request timeout
+    (60 s) before it exits: the short default `grace` ends that wait, as a kubelet's SIGKILL would."""
+    argv = state.argv.get(process)
+    if argv is None:
+        raise ClusterError(
+            f"restart {process}", None, f"no command line recorded for it (cluster {state.name!r} was started by an "
+            f"older hpd_devcluster): python -m hpd_devcluster --name {state.name} down, then up"
+        )  # fmt: skip
+    _signal(state, process, signal.SIGTERM)
+    _reap(state, process, time.monotonic() + grace, signal.SIGKILL)
+    _reap(state, process, time.monotonic() + 5, None)
+    _start(state, process, argv)
+    _wait(f"restart {process}", _ready_check(state, process), time.monotonic() + timeout, state, f"{process}.log")
 
 
 def down(name: str = DEFAULT_NAME) -> list[str]:

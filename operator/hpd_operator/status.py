@@ -90,13 +90,24 @@ def pod_problems(
     return out, lost_ready
 
 
+def ready_count(st: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None) -> int:
+    """The Deployment's readyReplicas, but never more than the Ready pods seen (`pods` None: not observed). The
+    Deployment controller lowers its count only after a pod is gone: a status computed from the pod's delete event
+    in between would count the deleted pod as Ready (seen: Ready=True with no decode pod Ready after a node loss)."""
+    ready = int(st.get("readyReplicas") or 0)
+    if pods is None:
+        return ready
+    seen = sum(1 for p in pods if _pod_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp"))
+    return min(ready, seen)
+
+
 def role_state(
     desired: int,
     deployment: Mapping[str, Any] | None,
-    pods: Sequence[Mapping[str, Any]] = (),
+    pods: Sequence[Mapping[str, Any]] | None = None,
     nodes: Collection[str] | None = None,
 ) -> RoleState:
-    problems, lost_ready = pod_problems(pods, nodes)
+    problems, lost_ready = pod_problems(pods or (), nodes)
     if deployment is None:
         return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
@@ -104,7 +115,7 @@ def role_state(
     return RoleState(
         desired=desired,
         replicas=int(st.get("replicas") or 0),
-        ready=max(int(st.get("readyReplicas") or 0) - lost_ready, 0),
+        ready=max(ready_count(st, pods) - lost_ready, 0),
         updated=int(st.get("updatedReplicas") or 0),
         available=int(st.get("availableReplicas") or 0),
         exists=True,
@@ -228,7 +239,7 @@ def _states(
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        out[comp] = role_state(desired, dep, pods.get(comp, ()), nodes)
+        out[comp] = role_state(desired, dep, pods.get(comp), nodes)  # a component left out: its pods not observed
     return out
 
 

@@ -173,6 +173,22 @@ def test_ready_pod_on_a_lost_node_is_not_counted_ready() -> None:
     assert conds(status(spec(), ALL_READY, pods=pods, nodes=None))["Ready"]["status"] == "True"
 
 
+def test_a_deleted_pod_the_deployment_still_counts_ready_is_not_ready() -> None:
+    """Right after a pod's delete event the Deployment's readyReplicas still counts it (the controller updates it
+    later): the Ready pods seen bound the count; a role whose pods were not observed keeps the Deployment's."""
+    replacement = pod("d-2", node="n2", ready=False)
+    pods = {"decode": [replacement], "prefill": [pod("p-1", node="n1")]}
+    st = status(spec(), ALL_READY, pods=pods, nodes={"n1", "n2"})
+    c = conds(st)
+    assert st["decode"]["summary"] == "0/1" and c["DecodeReady"]["status"] == "False"
+    assert c["Ready"]["status"] == "False" and c["RouterReady"]["status"] == "True"  # router pods not observed
+    gone = {**pod("d-1", node="n1"), "metadata": {"name": "d-1", "deletionTimestamp": "2026-11-29T00:00:00Z"}}
+    st = status(spec(), ALL_READY, pods={**pods, "decode": [gone, replacement]}, nodes={"n1", "n2"})
+    assert st["decode"]["summary"] == "0/1"
+    st = status(spec(), ALL_READY, pods={**pods, "decode": [pod("d-2", node="n2")]}, nodes={"n1", "n2"})
+    assert st["decode"]["summary"] == "1/1" and conds(st)["Ready"]["status"] == "True"
+
+
 def test_apply_failure_reports_the_child_and_the_current_generation() -> None:
     msg = 'the apiserver refused Service 1a-prefill: 422 Unprocessable Entity: metadata.name: Invalid value: "1a"'
     st = status(spec(), ALL_READY, failure=Failure(Reason.APPLY_FAILED, msg), profile=compute_profile(spec()))
