@@ -183,7 +183,9 @@ VERSION_RULES: Final[tuple[VersionRule, ...]] = (
         last=24,
         upstream="#49238 (open); no engine_ttl before 0.25",
         note="a replaced prefill's NIXL state stays on decode until decode restarts (segfault/hang seen after a "
-        "prefill restart): restart the decode pods after a prefill pod is replaced",
+        "prefill restart upstream; a clean SIGTERM restart on the H200 did not reproduce it): decode's runtime "
+        "re-checks the pair whenever a prefill pod, IP or boot id changes, is not Ready while the check fails, and "
+        "restarts its vLLM (exit 75) if the pair stays broken; the operator does not restart decode pods itself",
         hybrid_only=False,
     ),
     VersionRule(
