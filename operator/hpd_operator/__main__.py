@@ -22,7 +22,16 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--resync-seconds",
         type=float,
         default=s.RESYNC_SECONDS_DEFAULT,
-        help="re-apply + status interval per CR (drift correction)",
+        help="safety resync: every CR is re-queued this often (changes are handled at once, from watches)",
+    )
+    p.add_argument(
+        "--recheck-seconds",
+        type=float,
+        default=s.RECHECK_SECONDS_DEFAULT,
+        help="re-queue a CR whose child name is held by an object the operator does not manage this often",
+    )
+    p.add_argument(
+        "--workers", type=_positive, default=s.WORKERS_DEFAULT, help="reconcile worker threads (CRs converged at once)"
     )
     p.add_argument(
         "--vllm-image",
@@ -44,6 +53,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.set_defaults(func=run)
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _label(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -63,14 +79,17 @@ def run(ns: argparse.Namespace) -> int:
             metrics_port=ns.metrics_port,
             liveness_port=ns.liveness_port,
             resync_seconds=ns.resync_seconds,
+            workers=ns.workers,
+            recheck_seconds=ns.recheck_seconds,
             vllm_image=ns.vllm_image,
             router_image=ns.router_image,
             pod_monitor_labels=tuple(ns.pod_monitor_label),
         )
     )
-    from hpd_operator import handlers  # noqa: F401  (registers the handlers, reading the configured interval)
+    from hpd_operator import handlers  # registers the CR's handlers
 
     kopf.configure(verbose=ns.verbose)
+    handlers.setup()  # the client, and the child/pod/node watches
     if ns.metrics_port:
         start_http_server(ns.metrics_port)
     kopf.run(

@@ -1,24 +1,46 @@
-"""kopf handlers and the reconcile of one CR as a short list of named steps; the I/O lives in apply.py (children)
-and report.py (reads, status, Events); status.py is pure.
+"""The event-driven reconcile: kopf's watches feed a cache and a work queue; worker threads converge one CR at a
+time as a short list of named steps. The I/O lives in apply.py (children) and report.py (status, Events, reads no
+watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
 
-- `reconcile` (create, update of spec, resume) and the resync loop both run `converge`: parse -> build -> claim ->
-  apply -> prune, then observe -> report. Each CR is isolated: whatever one step raises for one CR (an invalid spec,
-  a child the apiserver refuses, a name held by someone else, a bug) becomes THAT CR's `Ready=False` condition
-  with a reason from conditions.Reason and a message naming the step, child or field, plus one Warning Event on the
-  transition; the remaining steps that change children are skipped, observedGeneration is written, and the loop
-  goes on with the next CR. Only transient API failures (5xx, 429, no connection) are retried without a status.
-- the resync loop (every settings.current().resync_seconds): lists the CRs in the watched namespaces and converges
-  each (drift correction: an edited or deleted child comes back) with fresh status from the observed Deployments
-  and pods. It is a plain asyncio task started at startup, NOT a kopf timer: kopf always puts a finalizer on
-  objects with timers/daemons, and a finalizer would block `kubectl delete` while the operator is down.
-- No finalizer: children carry owner references, so the garbage collector deletes them even when the operator is
-  down; the delete handler is optional and only forgets metrics.
+- Watches, not lists: kopf watches the CRs, every child kind the operator makes (apply.KINDS; PodMonitors only
+  where served at startup) and the pods, filtered by the apiserver on the managed-by label; the kubelet's
+  probe-failure Events, filtered by reason (podevents.EVENT_FIELD_SELECTOR); and the nodes where RBAC allows.
+  `@kopf.index` handlers put each object (trimmed) into `cache.Cache` first: kopf holds every other handler until
+  all indexed kinds finished their initial listing, so no reconcile sees a half-filled cache (no "create" of an
+  existing child after a restart). An object that loses the managed-by label arrives as DELETED.
+- One work queue (workqueue.py, client-go's semantics): `@kopf.on.event` handlers enqueue the (namespace, name) of
+  the CR an event concerns: the CR itself, a child or pod by its instance label (a child also by its owner
+  reference), a probe Event by its pod, the CRs with pods on a deleted node. A key waits at most once; one that
+  arrives while its CR is being converged runs once more afterwards. `--workers` threads (default 4; the kubernetes
+  client is synchronous) converge keys; a transient API failure retries that key with backoff (0.5 s doubling to
+  60 s); everything else ends in the CR's status, as before, and one CR's failure never stops another.
+- `converge`: parse -> build -> claim -> apply -> prune, then observe + write_report. Only what differs is written:
+  a child is applied when it is missing, its desired-hash annotation differs, or it drifted (drift.py: another
+  manager's newer field set, or a changed generation, then one GET and a field compare); the status only when it
+  differs from the stored one (compute_status has no always-changing field: lastTransitionTime moves only on a
+  transition); Events only on transitions (RiskySpec once per spec generation). A reconcile of a settled CR makes
+  no request at all; a child's status change reaches the CR's status in one reconcile.
+- The one thing no event announces is the deletion of an object without our label that holds a desired name
+  (OwnershipConflict): such a CR is re-queued every settings.recheck_seconds (default 10 s) until it converges.
+- A slow safety resync (settings.resync_seconds, default 300 s) re-enqueues every cached CR (no list call); when
+  nothing changed it writes nothing. It is an asyncio task, not a kopf timer: kopf puts a finalizer on objects
+  with timers/daemons. No finalizer and no annotation is put on the CR (event and index handlers write nothing):
+  deletion works with the operator down (children carry owner references; the garbage collector deletes them).
+- Nodes: watched (names kept) when a SelfSubjectAccessReview at startup says the operator may list and watch them
+  (the chart's rbac.readNodes, a ClusterRole in both RBAC scopes: kopf watches a cluster-scoped resource
+  cluster-wide even when it serves named namespaces); otherwise the NodeLost check is skipped (the pod garbage
+  collector eventually removes such pods). A Prometheus Operator installed later needs an operator restart.
+- Limits: kopf re-lists after a watch gap (410 Gone) without reporting what was deleted in the gap; such an object
+  stays cached until the operator restarts (a deleted child would not be re-created). The apiserver sends
+  bookmarks (kopf asks for them), so gaps are rare: an apiserver restart is the realistic case.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,32 +51,231 @@ import urllib3
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, podevents, report, settings
+from hpd_operator import drift, metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import Manifest, build_all, instance_selector
+from hpd_operator.builders import Manifest, build_all, instance_label
+from hpd_operator.cache import Cache, CRKey
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
 from hpd_operator.status import compute_status, transitions
+from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
 PODMONITOR = ("monitoring.coreos.com/v1", "PodMonitor")
 Key = tuple[str, str, str]
+log = logging.getLogger("hpd_operator")
+
+CACHE = Cache()
+QUEUE: WorkQueue[CRKey] = WorkQueue(metrics.CONTROLLER)
 
 
-@kopf.on.startup(id="client")
-def connect(memo: kopf.Memo, **_: Any) -> None:
-    """One kubernetes ApiClient for our own calls (kopf uses its own for watching and the CR)."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What the apiserver serves and the operator may watch, decided once at startup."""
+
+    podmonitors: bool
+    nodes: bool
+
+
+_STATE: dict[str, Any] = {}
+"""The ApiClient and Capabilities set by `setup` (before kopf runs)."""
+
+
+def new_client() -> client.ApiClient:
+    """One kubernetes ApiClient for our own calls (kopf uses its own for watching), counting its requests."""
     cfg = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    memo.api = client.ApiClient(cfg)
+    api = client.ApiClient(cfg)
+    request = api.rest_client.request
+
+    def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        metrics.API_REQUESTS.labels(method.upper()).inc()
+        return request(method, url, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    api.rest_client.request = counted  # type: ignore[method-assign]
+    return api
 
 
+def setup(deadline_s: float = 120.0) -> Capabilities:
+    """Connect, decide the optional watches (retrying while the apiserver is unreachable), register them."""
+    api = new_client()
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            caps = Capabilities(
+                podmonitors=k8s.api_available(api, *PODMONITOR),
+                nodes=report.may(api, "list", "nodes") and report.may(api, "watch", "nodes"),
+            )
+            break
+        except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            if time.monotonic() > end:
+                raise
+            log.warning(f"startup: the apiserver did not answer ({e!r}); retrying")
+            time.sleep(2)
+    _STATE["api"], _STATE["caps"] = api, caps
+    _register_children(caps)
+    log.info(f"watching PodMonitors: {caps.podmonitors}; watching nodes: {caps.nodes}")
+    return caps
+
+
+def _api() -> client.ApiClient:
+    return cast("client.ApiClient", _STATE["api"])
+
+
+def _caps() -> Capabilities:
+    return cast("Capabilities", _STATE.get("caps") or Capabilities(podmonitors=False, nodes=False))
+
+
+# --- watches -> cache + queue ----------------------------------------------------------------------------------------
+def _plain(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _cr_key(body: Mapping[str, Any]) -> CRKey:
+    md = body.get("metadata") or {}
+    return str(md.get("namespace")), str(md.get("name"))
+
+
+@kopf.index(*RESOURCE, id="cache-crs")
+async def _index_cr(body: kopf.Body, **_: Any) -> None:
+    CACHE.put_cr(_plain(body), instance_label(str(body["metadata"]["name"])))
+
+
+@kopf.on.event(*RESOURCE, id="enqueue-crs")
+async def _cr_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    key = _cr_key(body)
+    if type == "DELETED":
+        CACHE.drop_cr(key, instance_label(key[1]))
+        forget(key, str(body["metadata"].get("uid")))
+        return
+    CACHE.put_cr(_plain(body), instance_label(key[1]))
+    QUEUE.add(key)
+
+
+def _owners(obj: Mapping[str, Any]) -> set[CRKey]:
+    """The CRs an event on this child or pod concerns: by its instance label and its owner references."""
+    md = obj.get("metadata") or {}
+    ns = str(md.get("namespace"))
+    out: set[CRKey] = set()
+    instance = (md.get("labels") or {}).get(contract.LABEL_INSTANCE)
+    if instance is not None and (md.get("labels") or {}).get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY:
+        out.update(CACHE.crs_of(ns, str(instance)))
+    for ref in md.get("ownerReferences") or []:
+        if ref.get("kind") == contract.KIND and str(ref.get("apiVersion", "")).startswith(f"{contract.GROUP}/"):
+            out.add((ns, str(ref.get("name"))))
+    return out
+
+
+async def _index_child(body: kopf.Body, **_: Any) -> None:
+    CACHE.put_child(_plain(body))
+
+
+async def _child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    obj = _plain(body)
+    if type == "DELETED":
+        CACHE.drop_child(obj)
+        _CHECKED.pop(str(obj["metadata"].get("uid")), None)
+    else:
+        CACHE.put_child(obj)
+    for key in _owners(obj):
+        QUEUE.add(key)
+
+
+async def _index_pod(body: kopf.Body, **_: Any) -> None:
+    CACHE.put_pod(_plain(body))
+
+
+async def _pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    pod = _plain(body)
+    if type == "DELETED":
+        CACHE.drop_pod(pod)
+    else:
+        CACHE.put_pod(pod)
+    for key in _owners(pod):
+        QUEUE.add(key)
+
+
+async def _index_event(body: kopf.Body, **_: Any) -> None:
+    CACHE.put_event(_plain(body))
+
+
+async def _event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    ev = _plain(body)
+    if type == "DELETED":
+        CACHE.drop_event(ev)
+        return
+    if not CACHE.put_event(ev):
+        return  # about a pod that is not ours
+    group = CACHE.pod_group(str(ev["metadata"].get("namespace")), str((ev.get("involvedObject") or {}).get("name")))
+    if group is not None:
+        for key in CACHE.crs_of(*group):
+            QUEUE.add(key)
+
+
+async def _index_node(body: kopf.Body, **_: Any) -> None:
+    CACHE.add_node(str(body["metadata"]["name"]))
+
+
+async def _node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    name = str(body["metadata"]["name"])
+    if type != "DELETED":
+        return
+    CACHE.drop_node(name)
+    for ns, instance in CACHE.groups_on_node(name):
+        for key in CACHE.crs_of(ns, instance):
+            QUEUE.add(key)
+
+
+MANAGED = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+
+
+def _watched(caps: Capabilities) -> list[tuple[str, str, str]]:
+    """(group, version, plural) of every child kind watched."""
+    out = []
+    for kind in k8s.KINDS:
+        if (kind.api_version, kind.kind) == PODMONITOR and not caps.podmonitors:
+            continue
+        group, _, version = kind.api_version.rpartition("/")
+        out.append((group, version, kind.plural))
+    return out
+
+
+@kopf.on.startup(id="selectors")
+def server_side_selectors(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Watch only what the operator manages: children and pods by the managed-by label, Events by reason (the
+    apiserver filters; an object that loses the label arrives as DELETED)."""
+    for group, version, plural in [*_watched(_caps()), ("", "v1", "pods")]:
+        settings.watching.label_selectors[group, version, plural] = MANAGED
+    settings.watching.field_selectors["", "v1", "events"] = podevents.EVENT_FIELD_SELECTOR
+
+
+def _register_children(caps: Capabilities) -> None:
+    """Index + event handlers on every child kind, the pods, their probe Events, and (if allowed) the nodes."""
+    for group, version, plural in _watched(caps):
+        what = f"{plural}.{group or 'core'}"
+        kopf.index(group, version, plural, id=f"cache-{what}")(_index_child)
+        kopf.on.event(group, version, plural, id=f"enqueue-{what}")(_child_event)
+    kopf.index("", "v1", "pods", id="cache-pods")(_index_pod)
+    kopf.on.event("", "v1", "pods", id="enqueue-pods")(_pod_event)
+    kopf.index("", "v1", "events", id="cache-probe-events")(_index_event)
+    kopf.on.event("", "v1", "events", id="enqueue-probe-events")(_event_event)
+    if caps.nodes:
+        CACHE.set_nodes(())
+        kopf.index("", "v1", "nodes", id="cache-nodes")(_index_node)
+        kopf.on.event("", "v1", "nodes", id="enqueue-nodes")(_node_event)
+
+
+# --- one reconcile ---------------------------------------------------------------------------------------------------
 def _cr_object(body: Mapping[str, Any]) -> dict[str, Any]:
     md = body.get("metadata", {})
     return {
@@ -65,22 +286,14 @@ def _cr_object(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _plain(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
-    return x
-
-
 @dataclass
 class Run:
     """One reconcile of one CR: what each step found, in order."""
 
     api: client.ApiClient
+    cache: Cache
     body: Mapping[str, Any]
-    trigger: str
-    nodes: frozenset[str] | None = None
+    podmonitor_served: bool = False
     cr: HybridPDDeployment | None = None
     profile: Profile | None = None
     desired: list[Manifest] = field(default_factory=list)
@@ -90,9 +303,10 @@ class Run:
     actions: dict[Reason, list[str]] = field(default_factory=lambda: defaultdict(list))
     observed: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    podmonitor_served: bool = False
+    nodes: frozenset[str] | None = None
     role_details: dict[str, str] = field(default_factory=dict)
     failure: Failure | None = None
+    requeue_after: float | None = None
 
     @property
     def name(self) -> str:
@@ -105,6 +319,10 @@ class Run:
     @property
     def uid(self) -> str:
         return str(self.body["metadata"].get("uid"))
+
+    @property
+    def instance(self) -> str:
+        return instance_label(self.name)
 
 
 class TransientError(Exception):
@@ -125,7 +343,7 @@ def parse(run: Run) -> None:
 
 
 def build(run: Run) -> None:
-    """The whole desired set, owned by the CR; PodMonitors only where the apiserver serves them."""
+    """The whole desired set, owned by the CR, each stamped with its hash; PodMonitors only where served."""
     assert run.cr is not None and run.profile is not None
     try:
         desired = build_all(run.cr, run.profile)
@@ -133,7 +351,6 @@ def build(run: Run) -> None:
         free = free_form_fields(run.cr)
         hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""
         raise BuildError(f"{type(e).__name__}: {e}{hint}") from e
-    run.podmonitor_served = k8s.api_available(run.api, *PODMONITOR)
     if not run.podmonitor_served and any((d["apiVersion"], d["kind"]) == PODMONITOR for d in desired):
         run.notes.append(
             "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
@@ -141,7 +358,7 @@ def build(run: Run) -> None:
         desired = [d for d in desired if (d["apiVersion"], d["kind"]) != PODMONITOR]
     for obj in desired:
         kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
-    run.desired = desired
+    run.desired = [drift.stamped(obj) for obj in desired]
 
 
 class BuildError(Exception):
@@ -164,17 +381,19 @@ def free_form_fields(cr: HybridPDDeployment) -> list[str]:
     return out
 
 
-def _kinds(run: Run) -> list[k8s.Kind]:
-    return [k for k in k8s.KINDS if (k.api_version, k.kind) != PODMONITOR or run.podmonitor_served]
-
-
 def claim(run: Run) -> None:
-    """What this CR owns, and the desired names held by anything else (never taken over)."""
-    labelled = {
-        k8s.key(e): e for e in k8s.list_children(run.api, run.namespace, instance_selector(run.name), _kinds(run))
-    }
+    """What this CR owns, and the desired names held by anything else (never taken over). From the cache; a desired
+    name the cache does not hold (not created yet, or an object without our labels) is read by name."""
+    labelled = {k8s.key(e): e for e in run.cache.children(run.namespace, run.instance)}
     run.ours = {k: e for k, e in labelled.items() if k8s.owned_by(e, run.uid)}
-    run.conflicts = k8s.foreign(run.api, run.desired, labelled, run.uid)
+    known = dict(labelled)
+    for obj in run.desired:
+        k = k8s.key(obj)
+        if k not in known:
+            other = run.cache.child(run.namespace, *k)
+            if other is not None:
+                known[k] = other
+    run.conflicts = k8s.foreign(run.api, run.desired, known, run.uid)
     if run.conflicts:
         held = "; ".join(f"{kind} {name} exists and is {who}" for (_, kind, name), who in run.conflicts.items())
         run.failure = Failure(
@@ -183,8 +402,40 @@ def claim(run: Run) -> None:
         )
 
 
+_CHECKED: dict[str, tuple[str | None, int | None]] = {}
+"""Child uid -> (another manager's newest write time, generation) as last verified or applied by this process:
+the drift test reads the child back only when that signature moves (drift.py)."""
+
+
+def _signature(live: Mapping[str, Any], desired: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    return drift.touched_by_others(live, desired), (live.get("metadata") or {}).get("generation")
+
+
+def needs_apply(run: Run, obj: Manifest, live: Manifest | None) -> str | None:
+    """Why `obj` must be applied (None: the live child is what we want). Reads the child only on suspicion."""
+    if live is None:
+        return "missing"
+    if drift.live_hash(live) != drift.live_hash(obj):
+        return "changed"
+    uid = str(live["metadata"].get("uid"))
+    sig = _signature(live, obj)
+    last = _CHECKED.get(uid)
+    if (last is None and sig[0] is None) or last == sig:
+        _CHECKED[uid] = sig  # first sight, untouched by others since our write; or already verified as it is
+        return None
+    full = k8s.get(run.api, obj)
+    if full is None:
+        return "missing"
+    where = drift.mismatch(obj, full)
+    if where is None:
+        _CHECKED[uid] = _signature(full, obj)
+        return None
+    return f"drifted at {where}"
+
+
 def apply_children(run: Run) -> None:
-    """Server-side apply every desired child this CR may own; a refused child is reported, the rest still applied."""
+    """Server-side apply each desired child this CR may own that differs from what runs; a refused child is
+    reported, the rest still applied."""
     refused: list[str] = []
     for obj in run.desired:
         k = k8s.key(obj)
@@ -192,6 +443,10 @@ def apply_children(run: Run) -> None:
             continue
         what = f"{obj['kind']} {obj['metadata']['name']}"
         try:
+            why = needs_apply(run, obj, run.ours.get(k))
+            if why is None:
+                continue
+            log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
             new = k8s.apply(run.api, obj)
         except client.ApiException as e:
             metrics.api_error("apply", e.status)
@@ -199,6 +454,8 @@ def apply_children(run: Run) -> None:
                 raise
             refused.append(f"{what}: {k8s.api_message(e)}")
             continue
+        run.cache.put_child(new)
+        _CHECKED[str(new["metadata"].get("uid"))] = _signature(new, obj)
         action = _action(run.ours.get(k), new)
         metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
         if action is not None:
@@ -227,6 +484,7 @@ def prune(run: Run) -> None:
         return
     for obj in k8s.stale(run.ours.values(), run.desired):
         k8s.delete(run.api, obj)
+        run.cache.drop_child(obj)
         metrics.OBJECTS_PRUNED.labels(kind=obj["kind"]).inc()
         run.actions[Reason.PRUNED].append(f"{obj['kind']} {obj['metadata']['name']}")
 
@@ -261,34 +519,35 @@ def run_steps(run: Run) -> None:
 
 
 def observe(run: Run) -> None:
-    run.observed = report.observe_deployments(run.api, run.namespace, run.name, run.uid)
-    run.pods = report.observe_pods(run.api, run.namespace, run.name)
-    if run.trigger != "resync":  # a resync round lists the nodes once for every CR
-        run.nodes = report.observe_nodes(run.api)
+    """What runs now, from the cache (after this run's own writes went into it)."""
+    run.observed = report.observe_deployments(run.cache.children(run.namespace, run.instance), run.name, run.uid)
+    run.pods = report.observe_pods(run.cache.pods(run.namespace, run.instance))
+    run.nodes = run.cache.nodes
     run.role_details = probe_details(run)
 
 
 def probe_details(run: Run) -> dict[str, str]:
     """Why an engine role's pods are not Ready, from the kubelet's probe Events (the exec probe prints the runtime's
-    reason, e.g. "P->D output differs from local"); one Event list, and only while some engine pod is not Ready."""
-    waiting = {role: run.pods.get(role, []) for role in contract.ROLES}
-    if not any(not podevents.pod_ready(p) for pods in waiting.values() for p in pods):
-        return {}
-    events = report.observe_probe_events(run.api, run.namespace)
+    reason, e.g. "P->D output differs from local"), as the watch cache holds them."""
     out: dict[str, str] = {}
-    for role, pods in waiting.items():
-        detail = podevents.probe_failure(pods, events)
+    for role in contract.ROLES:
+        pods = run.pods.get(role, [])
+        waiting = [str(p["metadata"]["name"]) for p in pods if not podevents.pod_ready(p)]
+        if not waiting:
+            continue
+        detail = podevents.probe_failure(pods, run.cache.events(run.namespace, waiting))
         if detail:
             out[role] = detail
     return out
 
 
 def write_report(run: Run) -> dict[str, Any]:
-    """Status from what runs now, Events for what changed, metrics."""
+    """Status from what runs now (written only when it differs), Events for what changed, metrics."""
     md = run.body["metadata"]
-    # What this process wrote last is at least as new as the body (a resync round lists the CRs before it converges
-    # them, and the change handler may write in between): compare with it, so no transition is reported twice.
-    previous = _REPORTED.get(run.uid) or (run.body.get("status") or {}).get("conditions") or []
+    stored = run.body.get("status") or {}
+    # What this process wrote last is at least as new as the cached body: compare with it, so no transition is
+    # reported twice.
+    previous = _REPORTED.get(run.uid) or stored.get("conditions") or []
     status = compute_status(
         name=run.name,
         namespace=run.namespace,
@@ -304,11 +563,14 @@ def write_report(run: Run) -> dict[str, Any]:
         now=report.now(),
         role_details=run.role_details,
     )
-    report.write_status(run.api, run.body, status)
+    new_generation = stored.get("observedGeneration") != md.get("generation")
+    written = report.write_status(run.api, run.body, status)
+    if written is not None:
+        run.cache.put_cr(written, run.instance)
     _REPORTED[run.uid] = status["conditions"]
     for action, whats in run.actions.items():
         report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
-    if run.trigger != "resync" and run.profile is not None:  # once per spec change, not per resync round
+    if new_generation and run.profile is not None:  # once per spec change, not per reconcile
         for warning in run.profile.warnings:
             report.event(run.api, run.body, "Warning", Reason.RISKY_SPEC, warning)
     for type_, reason, message in transitions(previous, status["conditions"]):
@@ -319,81 +581,95 @@ def write_report(run: Run) -> dict[str, Any]:
 
 _REPORTED: dict[str, list[dict[str, Any]]] = {}
 """CR uid -> the conditions this process last wrote."""
-_LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-"""One converge at a time per CR uid (the change handler and the resync loop run in different threads)."""
 
 
-def converge(
-    api: client.ApiClient, body: Mapping[str, Any], *, trigger: str, nodes: frozenset[str] | None = None
-) -> dict[str, Any]:
-    """The steps, then observe + report; returns the status written. Raises TransientError (and lets connection
-    errors through) only for failures worth a blind retry; everything else ends in this CR's status."""
-    with _LOCKS[str(body["metadata"].get("uid"))], metrics.reconcile() as outcome:
-        run = Run(api, body, trigger, nodes=nodes)
+def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Run:
+    """The steps, then observe + report. Raises TransientError (and lets connection errors through) only for
+    failures worth a blind retry; everything else ends in this CR's status."""
+    with metrics.reconcile() as outcome:
+        run = Run(api, cache, body, podmonitor_served=_caps().podmonitors)
         run_steps(run)
+        if run.conflicts:  # a name held by another object: its deletion may come with no event we see
+            run.requeue_after = settings.current().recheck_seconds
         try:
             observe(run)
         except client.ApiException as e:
             raise TransientError(f"observe: {k8s.api_message(e)}") from e
-        status = write_report(run)
+        write_report(run)
         outcome.failed(run.failure.reason if run.failure is not None else None)
-        return status
+        return run
 
 
-@kopf.on.resume(*RESOURCE, id="reconcile")
-@kopf.on.create(*RESOURCE, id="reconcile")
-@kopf.on.update(*RESOURCE, field="spec", id="reconcile")
-def reconcile(body: kopf.Body, memo: kopf.Memo, reason: str, **_: Any) -> None:
-    """A failure of this CR is in its status (and one Event); only transient API trouble is retried here (the
-    resync loop retries everything else on its next round)."""
-    try:
-        converge(memo.api, body, trigger=str(reason))
-    except Exception as e:
-        raise kopf.TemporaryError(f"reconcile failed, retrying: {e!r}", delay=10) from e
+def reconcile_key(api: client.ApiClient, key: CRKey) -> float | None:
+    """Converge the CR `key` as cached now (nothing when it is gone or being deleted); returns a requeue delay."""
+    body = CACHE.cr(key)
+    if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    return converge(api, CACHE, body).requeue_after
 
 
-def resync_once(api: client.ApiClient, logger: kopf.Logger) -> None:
-    """Converge every CR in the watched namespaces once (drift correction + fresh status). One CR's failure never
-    stops the round."""
-    crs = report.list_crs(api, settings.current().namespaces)
-    nodes = report.observe_nodes(api) if crs else None
-    for raw in crs:
-        if raw.get("metadata", {}).get("deletionTimestamp"):
-            continue
+def forget(key: CRKey, uid: str) -> None:
+    """A CR is gone: drop its metrics and what this process remembers of it (children go by garbage collection)."""
+    metrics.forget(*key)
+    _REPORTED.pop(uid, None)
+
+
+# --- workers and the safety resync -----------------------------------------------------------------------------------
+def worker(api: client.ApiClient, queue: WorkQueue[CRKey]) -> None:
+    """Take keys until the queue shuts down; one CR's failure never stops the worker."""
+    while True:
         try:
-            converge(api, raw, trigger="resync", nodes=nodes)
-        except Exception as e:  # transient API trouble, or a failed status write: next round
-            md = raw.get("metadata", {})
-            metrics.api_error("resync", type(e).__name__)
-            logger.warning(f"resync {md.get('namespace')}/{md.get('name')}: {e!r}; retry next round")
+            key = queue.get()
+        except ShutDown:
+            return
+        try:
+            requeue = reconcile_key(api, key)
+        except Exception as e:  # transient API trouble or a failed status write: back off and retry this key
+            delay = queue.add_rate_limited(key)
+            metrics.api_error("reconcile", type(e).__name__)
+            log.warning(f"reconcile {key[0]}/{key[1]}: {e!r}; retrying in {delay:.1f} s")
+        else:
+            queue.forget(key)
+            if requeue is not None:
+                queue.add_after(key, requeue)
+        finally:
+            queue.done(key)
 
 
-async def _resync_loop(api: client.ApiClient, logger: kopf.Logger) -> None:
+def resync_once(cache: Cache, queue: WorkQueue[CRKey]) -> int:
+    """Queue every cached CR (drift correction and fresh status without a list call); returns how many."""
+    keys = cache.cr_keys()
+    for key in keys:
+        queue.add(key)
+    for what, n in cache.sizes().items():
+        metrics.OBSERVED_OBJECTS.labels(what).set(n)
+    return len(keys)
+
+
+async def _resync_loop() -> None:
     interval = settings.current().resync_seconds
     while True:
         await asyncio.sleep(interval)
-        try:
-            await asyncio.to_thread(resync_once, api, logger)
-        except Exception as e:  # the loop must survive anything; the next round retries
-            metrics.api_error("resync", type(e).__name__)
-            logger.warning(f"resync round failed: {e!r}")
+        resync_once(CACHE, QUEUE)
 
 
-@kopf.on.startup(id="resync")
-async def start_resync(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    memo.resync_task = asyncio.create_task(_resync_loop(memo.api, logger))
+@kopf.on.startup(id="workers")
+async def start_workers(memo: kopf.Memo, **_: Any) -> None:
+    """The reconcile workers (threads: the kubernetes client is synchronous) and the safety resync."""
+    if "api" not in _STATE:
+        raise kopf.PermanentError("start the operator with `python -m hpd_operator run` (it calls handlers.setup)")
+    n = settings.current().workers
+    memo.workers = [
+        threading.Thread(target=worker, args=(_api(), QUEUE), name=f"reconcile-{i}", daemon=True) for i in range(n)
+    ]
+    for t in memo.workers:
+        t.start()
+    memo.resync_task = asyncio.create_task(_resync_loop())
 
 
-@kopf.on.cleanup(id="resync")
-async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.cleanup(id="workers")
+async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
     task = memo.get("resync_task")
     if task is not None:
         task.cancel()
-
-
-@kopf.on.delete(*RESOURCE, id="forget", optional=True)
-def forget(meta: kopf.Meta, **_: Any) -> None:
-    """No finalizer (optional=True): children go by garbage collection; only our metrics need forgetting."""
-    metrics.forget(str(meta.get("namespace")), str(meta.get("name")))
-    _LOCKS.pop(str(meta.get("uid")), None)
-    _REPORTED.pop(str(meta.get("uid")), None)
+    QUEUE.shutdown()

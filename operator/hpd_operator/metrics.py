@@ -69,7 +69,7 @@ OBJECTS_APPLIED = Counter(
 OBJECTS_PRUNED = Counter("hpd_operator_objects_pruned_total", "Stale child objects deleted, by kind.", ["kind"])
 API_ERRORS = Counter(
     "hpd_operator_api_errors_total",
-    "Failed Kubernetes API calls of the operator, by operation (apply, status, event, resync) and HTTP code.",
+    "Failed Kubernetes API calls of the operator, by operation (apply, status, event, reconcile) and HTTP code.",
     ["operation", "code"],
 )
 CRS_BY_PHASE = Gauge("hpd_operator_hybridpddeployments", "HybridPDDeployments by status phase.", ["phase"])
@@ -92,6 +92,33 @@ TIME_TO_READY = Gauge(
     "hpd_operator_time_to_ready_seconds",
     "Seconds from the CR's creation to its (latest) Ready=True transition; absent while never Ready.",
     ["namespace", "hybridpddeployment"],
+)
+
+# controller-runtime's work queue metrics (pkg/metrics/workqueue.go), label `name` = the queue (the controller).
+_QUEUE_BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
+WORKQUEUE_DEPTH = Gauge("workqueue_depth", "Current depth of workqueue.", ["name"])
+WORKQUEUE_ADDS = Counter("workqueue_adds_total", "Total number of adds handled by workqueue.", ["name"])
+WORKQUEUE_QUEUE_DURATION = Histogram(
+    "workqueue_queue_duration_seconds",
+    "How long in seconds an item stays in workqueue before being requested.",
+    ["name"],
+    buckets=_QUEUE_BUCKETS,
+)
+WORKQUEUE_WORK_DURATION = Histogram(
+    "workqueue_work_duration_seconds",
+    "How long in seconds processing an item from workqueue takes.",
+    ["name"],
+    buckets=_QUEUE_BUCKETS,
+)
+API_REQUESTS = Counter(
+    "hpd_operator_api_requests_total",
+    "Kubernetes API requests of the operator's reconcile client, by HTTP method (kopf's watch streams not included).",
+    ["method"],
+)
+OBSERVED_OBJECTS = Gauge(
+    "hpd_operator_cached_objects",
+    "Objects in the operator's watch cache, by kind of entry (crs, children, pods).",
+    ["cache"],
 )
 
 _phase_of: dict[tuple[str, str], str] = {}
@@ -200,6 +227,12 @@ def _initialize() -> None:
     TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER)
     RECONCILE_TIME.labels(CONTROLLER)
     ACTIVE_WORKERS.labels(CONTROLLER)
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        API_REQUESTS.labels(method)
+    WORKQUEUE_DEPTH.labels(CONTROLLER)
+    WORKQUEUE_ADDS.labels(CONTROLLER)
+    WORKQUEUE_QUEUE_DURATION.labels(CONTROLLER)
+    WORKQUEUE_WORK_DURATION.labels(CONTROLLER)
     _refresh_phase_counts()
 
 

@@ -1,4 +1,5 @@
-"""I/O beside apply.py: read what runs (CRs, role Deployments, pods, nodes) and report (status, Events).
+"""I/O beside apply.py: shape what the watch cache holds about what runs (role Deployments, pods), read what no
+watch covers (permissions), and report (status, Events).
 
 Events follow the core/v1 series semantics that client-go's EventCorrelator uses: one object per CR, type, reason
 and message, named deterministically; a repeat patches `count` and `lastTimestamp` on that object instead of
@@ -10,19 +11,18 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from kubernetes import client
 
 from hpd_operator import apply as k8s
-from hpd_operator import metrics, podevents
-from hpd_operator.builders import instance_selector, role_name, router_name
+from hpd_operator import metrics
+from hpd_operator.builders import role_name, router_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
 MAX_EVENT_MESSAGE = 1024
-_DEPLOYMENT = k8s.kind_of({"apiVersion": "apps/v1", "kind": "Deployment"})
 
 
 def now() -> str:
@@ -30,20 +30,8 @@ def now() -> str:
 
 
 # --- read ---------------------------------------------------------------------------------------------------------
-def list_crs(api: client.ApiClient, namespaces: tuple[str, ...]) -> list[dict[str, Any]]:
-    co = client.CustomObjectsApi(api)
-    if not namespaces:
-        data = cast("dict[str, Any]", co.list_cluster_custom_object(contract.GROUP, contract.VERSION, contract.PLURAL))
-        return list(data.get("items", []))
-    out: list[dict[str, Any]] = []
-    for ns in namespaces:
-        page = cast(
-            "dict[str, Any]", co.list_namespaced_custom_object(contract.GROUP, contract.VERSION, ns, contract.PLURAL)
-        )
-        out += page.get("items", [])
-    return out
-
-
+# The CRs, children, pods and nodes come from the watch cache (cache.py); these shape what it holds, or read what
+# no watch covers.
 def component_names(cr_name: str) -> dict[str, str]:
     """Component (prefill, decode, router) -> its Deployment's name."""
     out: dict[str, str] = {role: role_name(cr_name, role) for role in contract.ROLES}
@@ -51,65 +39,56 @@ def component_names(cr_name: str) -> dict[str, str]:
     return out
 
 
-def observe_deployments(api: client.ApiClient, namespace: str, name: str, uid: str) -> dict[str, dict[str, Any] | None]:
-    """Component -> its live Deployment, if this CR owns it."""
-    deps = k8s.list_children(api, namespace, instance_selector(name), kinds=[_DEPLOYMENT])
-    by_name = {d["metadata"]["name"]: d for d in deps if k8s.owned_by(d, uid)}
+def observe_deployments(children: Iterable[Mapping[str, Any]], name: str, uid: str) -> dict[str, dict[str, Any] | None]:
+    """Component -> its live Deployment, if this CR owns it (from the CR's cached children)."""
+    by_name = {
+        d["metadata"]["name"]: dict(d) for d in children if d.get("kind") == "Deployment" and k8s.owned_by(d, uid)
+    }
     return {comp: by_name.get(n) for comp, n in component_names(name).items()}
 
 
-def observe_pods(api: client.ApiClient, namespace: str, name: str) -> dict[str, list[dict[str, Any]]]:
+def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Component -> its live pods (for the scheduler's verdict and the nodes they are bound to)."""
-    sel = ",".join(f"{k}={v}" for k, v in instance_selector(name).items())
-    data = k8s.read(api, f"/api/v1/namespaces/{namespace}/pods", [("labelSelector", sel)])
     out: dict[str, list[dict[str, Any]]] = {comp: [] for comp in COMPONENTS}
-    for pod in data.get("items", []):
+    for pod in pods:
         comp = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_COMPONENT)
         if comp in out:
-            out[comp].append(pod)
+            out[comp].append(dict(pod))
     return out
 
 
-def observe_probe_events(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    """The kubelet's probe-failure Events of pods in `namespace` (best effort: [] when not allowed or failing)."""
-    try:
-        data = k8s.read(
-            api, f"/api/v1/namespaces/{namespace}/events", [("fieldSelector", podevents.EVENT_FIELD_SELECTOR)]
+def may(api: client.ApiClient, verb: str, resource: str, group: str = "") -> bool:
+    """Whether the operator may `verb` the cluster-scoped `resource` (a SelfSubjectAccessReview, at startup)."""
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, group=group)
         )
-    except client.ApiException as e:
-        metrics.api_error("probe-events", e.status)
-        return []
-    return list(data.get("items", []))
-
-
-def observe_nodes(api: client.ApiClient) -> frozenset[str] | None:
-    """Names of the existing nodes; None when the operator may not list nodes (then lost nodes go unnoticed until
-    the pod garbage collector removes their pods)."""
-    try:
-        data = k8s.read(api, "/api/v1/nodes", accept=k8s.METADATA_ONLY)
-    except client.ApiException as e:
-        if e.status in (401, 403):
-            return None
-        raise
-    return frozenset(n["metadata"]["name"] for n in data.get("items", []))
+    )
+    out = client.AuthorizationV1Api(api).create_self_subject_access_review(review)
+    return out.status is not None and bool(out.status.allowed)
 
 
 # --- report -------------------------------------------------------------------------------------------------------
-def write_status(api: client.ApiClient, body: Mapping[str, Any], status: dict[str, Any]) -> bool:
-    """Patch the status subresource when something changed; returns whether it wrote."""
+def status_differs(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
     current = body.get("status") or {}
-    if all(current.get(k) == v for k, v in status.items()):
-        return False
+    return not all(current.get(k) == v for k, v in status.items())
+
+
+def write_status(api: client.ApiClient, body: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+    """Patch the status subresource when something changed; returns the CR as stored (None: nothing written)."""
+    if not status_differs(body, status):
+        return None
     md = body["metadata"]
     try:
-        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        out = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
             contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
         )
     except client.ApiException as e:
         metrics.api_error("status", e.status)
         if e.status != 404:  # the CR is gone: nothing to report on
             raise
-    return True
+        return None
+    return cast("dict[str, Any]", out)
 
 
 def event_name(body: Mapping[str, Any], type_: str, reason: str, message: str) -> str:

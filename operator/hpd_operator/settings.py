@@ -6,12 +6,14 @@ Decisions:
   operator by mistake is harmless anyway because every write is an idempotent server-side apply.
 - Ports: kopf's liveness endpoint on 8080 (/healthz; STYLE item 12), Prometheus metrics on 9090. Distinct so
   the liveness probe never depends on the metrics server. 0 disables either (tests pick free ports).
-- Drift correction by a periodic resync (`resync_seconds`, default 10 s): one asyncio loop (handlers.py) lists the
-  CRs and re-applies each one's whole desired set (server-side apply: a no-op write when nothing changed), prunes,
-  and recomputes status from the observed Deployments. Not a kopf timer: kopf puts a finalizer on every object
-  with a timer, and a finalizer would block `kubectl delete` while the operator is down. One code path for create/update/resume/drift; it also keeps status fresh. Chosen over
-  on.event watchers on every owned kind: less code, no event storms from Deployment status churn, and a deleted
-  or edited child is back within one interval.
+- Event-driven reconcile (handlers.py): watches on the CRs, their children, pods and nodes feed a cache and a work
+  queue; `workers` threads (default 4) converge the queued CRs. Only what differs is written (a desired-hash
+  annotation per child, a drift test on managedFields/generation, status only when it changed), so an idle
+  operator writes nothing and reads nothing but its watch streams.
+- A slow safety resync (`resync_seconds`, default 300 s) re-queues every cached CR: it repairs what no event
+  announces (a child's drift the drift test cannot see, a lost update) and costs no request when nothing changed.
+  It is an asyncio task, not a kopf timer: kopf puts a finalizer on every object with a timer, and a finalizer
+  would block `kubectl delete` while the operator is down.
 - No runtime scanning (`settings.scanning.disabled`): kopf would otherwise list+watch CustomResourceDefinitions
   (and, when it watches named namespaces, Namespaces) cluster-wide to notice CRDs and namespaces appearing later.
   The operator serves one CRD that its chart installs before it, and watches exactly the namespaces it is given,
@@ -34,7 +36,9 @@ from hpd_runtime import contract
 
 LIVENESS_PORT_DEFAULT = 8080
 METRICS_PORT_DEFAULT = 9090
-RESYNC_SECONDS_DEFAULT = 10.0
+RESYNC_SECONDS_DEFAULT = 300.0
+WORKERS_DEFAULT = 4
+RECHECK_SECONDS_DEFAULT = 10.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,11 @@ class OperatorConfig:
     metrics_port: int = METRICS_PORT_DEFAULT
     liveness_port: int = LIVENESS_PORT_DEFAULT
     resync_seconds: float = RESYNC_SECONDS_DEFAULT
+    workers: int = WORKERS_DEFAULT
+    """Reconcile worker threads (CRs converged at once)."""
+    recheck_seconds: float = RECHECK_SECONDS_DEFAULT
+    """How often a CR whose child name is held by an object the operator does not watch (no managed-by label) is
+    re-queued to look again (no event announces that object's deletion)."""
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE
     router_image: str = c.DEFAULT_ROUTER_IMAGE
     pod_monitor_labels: tuple[tuple[str, str], ...] = ()
@@ -54,7 +63,7 @@ _CURRENT: list[OperatorConfig] = [OperatorConfig()]
 
 
 def configure(cfg: OperatorConfig) -> None:
-    """Set once by `run` before the handlers module is imported (the timer interval is read at import)."""
+    """Set once by `run` before the operator starts."""
     _CURRENT[0] = cfg
 
 
@@ -73,6 +82,9 @@ def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.watching.connect_timeout = 30
+    # One event handler call per watch event: "Handler ... succeeded" for each would flood the log (--verbose shows it).
+    if not logging.getLogger("kopf").isEnabledFor(logging.DEBUG):
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # Only warnings from logs become Events; our Normal Events are posted explicitly (kopf.event).
     settings.posting.level = logging.WARNING
     # No CRD/namespace scanning: see the module docstring (keeps RBAC namespaced in `rbac.scope: namespace`).

@@ -68,7 +68,7 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
     assert ctr["args"] == [
         "--liveness-port=8080",
         "--metrics-port=9090",
-        "--resync-seconds=10",
+        "--resync-seconds=300",
         f"--vllm-image={c.VLLM_IMAGE_TEMPLATE}",
         f"--router-image={c.DEFAULT_ROUTER_IMAGE}",
     ]  # no --namespace: every namespace
@@ -126,7 +126,7 @@ def test_the_same_rules_in_both_scopes(helm: Helm) -> None:
     assert not [x for x in granted if x[1] in ("secrets", "configmaps", "nodes", "namespaces")]
     assert ("", "events", "create") in granted
     nodes = find(helm.template(), "ClusterRole", "hpd-hybrid-pd-operator-nodes")["rules"]
-    assert nodes == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+    assert nodes == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     assert ("hybridpd.io", "hybridpddeployments/finalizers", "update") in granted
 
 

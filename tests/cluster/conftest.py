@@ -34,8 +34,11 @@ def crd(kubeconfig: Path, api_client: client.ApiClient) -> None:
 class Operator:
     """`python -m hpd_operator run --namespace NS` as a subprocess; start/stop/kill at will."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path, resync: str = RESYNC) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log: Path, resync: str = RESYNC, extra: tuple[str, ...] = ()
+    ) -> None:
         self.kubeconfig, self.namespace, self.log, self.resync = kubeconfig, namespace, log, resync
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
@@ -45,7 +48,7 @@ class Operator:
         with self.log.open("ab") as f:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hpd_operator", "run", "--namespace", self.namespace, "--liveness-port", "0",
-                 "--metrics-port", str(self.metrics_port), "--resync-seconds", self.resync],
+                 "--metrics-port", str(self.metrics_port), "--resync-seconds", self.resync, *self.extra],
                 env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
             )  # fmt: skip
 

@@ -18,6 +18,8 @@ VERSION: Final = "v1alpha1"
 KIND: Final = "HybridPDDeployment"
 PLURAL: Final = "hybridpddeployments"
 FIELD_MANAGER: Final = "hybrid-pd-operator"
+ANNOTATION_DESIRED_HASH: Final = f"{GROUP}/desired-hash"
+"""On every child: a hash of the manifest the operator last applied; a child is re-applied only when it differs."""
 
 # --- Labels ---------------------------------------------------------------------------------------------------
 LABEL_NAME: Final = "app.kubernetes.io/name"

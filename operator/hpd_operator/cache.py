@@ -1,0 +1,315 @@
+"""The observed state, kept from watches (no I/O here): the CRs, the children the operator manages, their pods, and
+the node names. handlers.py feeds it from kopf's watch streams; the reconcile reads it instead of listing.
+
+- Thread-safe: the watch handlers write from kopf's event loop, the reconcile workers read from their threads. Every
+  read returns copies of the small dicts it hands out (never a live structure another thread may change).
+- Trimmed: a child or pod is kept only with the fields the reconcile reads (metadata it needs, a Deployment's
+  spec.replicas and status, a pod's nodeName and conditions), so 1,000 CRs x ~12 children stay a few MiB.
+- Write-through: what the operator itself applied, deleted or wrote as status goes in at once (`put_*` with the
+  apiserver's answer), so the next reconcile does not act on a copy older than its own write. A watch event older
+  than what is cached (a smaller integer resourceVersion; Kubernetes' are etcd revisions) is ignored.
+- Probe-failure Events (podevents.py) about our pods are kept too (watched with a field selector), so the reason a
+  pod is not Ready reaches the status without a list call.
+- Grouping: children and pods by (namespace, instance label), the label every child and pod carries; a CR maps to
+  its instance label value through `builders.instance_label` (names longer than a label value are shortened).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hpd_runtime import contract
+
+CRKey = tuple[str, str]
+"""(namespace, name) of a CR: the work queue's key."""
+ObjKey = tuple[str, str, str, str]
+"""(namespace, apiVersion, kind, name) of a child."""
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or "")
+    except ValueError:
+        return None
+
+
+def newer_or_same(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether `new` may replace `old` (same uid and not an older resourceVersion; another uid always may)."""
+    if old is None:
+        return True
+    if (new.get("metadata") or {}).get("uid") != (old.get("metadata") or {}).get("uid"):
+        return True
+    a, b = _rv(new), _rv(old)
+    return a is None or b is None or a >= b
+
+
+def managed(obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY and contract.LABEL_INSTANCE in labels
+
+
+def _meta(md: Mapping[str, Any]) -> dict[str, Any]:
+    ann = md.get("annotations") or {}
+    out = {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "generation") if k in md}
+    out["labels"] = dict(md.get("labels") or {})
+    out["annotations"] = {k: v for k, v in ann.items() if k == contract.ANNOTATION_DESIRED_HASH}
+    out["ownerReferences"] = [dict(r) for r in md.get("ownerReferences") or []]
+    if md.get("deletionTimestamp"):
+        out["deletionTimestamp"] = md["deletionTimestamp"]
+    # managedFields on the main resource (not status/scale): ours without its (large) field set, others whole.
+    mf = []
+    for e in md.get("managedFields") or []:
+        if e.get("subresource"):
+            continue
+        entry = {k: e.get(k) for k in ("manager", "operation", "time")}
+        if e.get("manager") != contract.FIELD_MANAGER:
+            entry["fieldsV1"] = e.get("fieldsV1")
+        mf.append(entry)
+    out["managedFields"] = mf
+    return out
+
+
+def trim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the reconcile reads of a child: metadata (ownership, hash, generation, managers), and for Deployments
+    spec.replicas + status (status.py)."""
+    out: dict[str, Any] = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind")}
+    out["metadata"] = _meta(obj.get("metadata") or {})
+    if obj.get("kind") == "Deployment":
+        out["spec"] = {"replicas": (obj.get("spec") or {}).get("replicas")}
+        out["status"] = copy.deepcopy(dict(obj.get("status") or {}))
+    return out
+
+
+def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What status.py and podevents.py read of a pod: name, uid, labels, deletion, node, phase and conditions."""
+    md, sp, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    meta = {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp") if k in md}
+    meta["labels"] = dict(md.get("labels") or {})
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": sp.get("nodeName")} if sp.get("nodeName") else {},
+        "status": {"phase": st.get("phase"), "conditions": copy.deepcopy(list(st.get("conditions") or []))},
+    }
+
+
+def trim_event(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """What podevents.probe_failure reads of a kubelet Event."""
+    md = ev.get("metadata") or {}
+    obj = ev.get("involvedObject") or {}
+    out = {k: ev.get(k) for k in ("reason", "message", "lastTimestamp", "eventTime", "firstTimestamp")}
+    out["involvedObject"] = {k: obj.get(k) for k in ("kind", "name", "uid")}
+    out["metadata"] = {k: md.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")}
+    return out
+
+
+def obj_key(obj: Mapping[str, Any]) -> ObjKey:
+    md = obj.get("metadata") or {}
+    return (str(md.get("namespace")), str(obj.get("apiVersion")), str(obj.get("kind")), str(md.get("name")))
+
+
+def _group(obj: Mapping[str, Any]) -> tuple[str, str]:
+    md = obj.get("metadata") or {}
+    return str(md.get("namespace")), str((md.get("labels") or {}).get(contract.LABEL_INSTANCE))
+
+
+class Cache:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._crs: dict[CRKey, dict[str, Any]] = {}
+        self._instance: dict[tuple[str, str], set[str]] = defaultdict(set)
+        """(namespace, instance label value) -> CR names."""
+        self._children: dict[ObjKey, dict[str, Any]] = {}
+        self._child_groups: dict[tuple[str, str], set[ObjKey]] = defaultdict(set)
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._pod_groups: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+        self._events: dict[tuple[str, str], dict[str, Any]] = {}
+        """(namespace, Event name) -> a probe-failure Event about one of our pods."""
+        self._pod_events: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+        """(namespace, pod name) -> its Events' keys."""
+        self.nodes: frozenset[str] | None = None
+        """Existing node names; None while nodes are not watched (no permission)."""
+
+    # --- CRs ---------------------------------------------------------------------------------------------------
+    def put_cr(self, body: Mapping[str, Any], instance: str) -> bool:
+        """Store a CR body (a plain dict copy); False when `body` is older than what is cached."""
+        md = body.get("metadata") or {}
+        key = (str(md.get("namespace")), str(md.get("name")))
+        with self._lock:
+            if not newer_or_same(body, self._crs.get(key)):
+                return False
+            self._crs[key] = copy.deepcopy(dict(body))
+            self._instance[(key[0], instance)].add(key[1])
+        return True
+
+    def drop_cr(self, key: CRKey, instance: str) -> None:
+        with self._lock:
+            self._crs.pop(key, None)
+            names = self._instance.get((key[0], instance))
+            if names is not None:
+                names.discard(key[1])
+                if not names:
+                    del self._instance[(key[0], instance)]
+
+    def cr(self, key: CRKey) -> dict[str, Any] | None:
+        with self._lock:
+            body = self._crs.get(key)
+            return copy.deepcopy(body) if body is not None else None
+
+    def cr_keys(self) -> list[CRKey]:
+        with self._lock:
+            return list(self._crs)
+
+    def crs_of(self, namespace: str, instance: str) -> list[CRKey]:
+        """The CRs whose children and pods carry this instance label value."""
+        with self._lock:
+            return [(namespace, n) for n in self._instance.get((namespace, instance), ())]
+
+    # --- children ----------------------------------------------------------------------------------------------
+    def put_child(self, obj: Mapping[str, Any]) -> None:
+        """Store (trimmed) an object of a child kind; one without our labels is forgotten instead."""
+        k = obj_key(obj)
+        with self._lock:
+            if not newer_or_same(obj, self._children.get(k)):
+                return
+            self._remove_child(k)
+            if managed(obj):
+                trimmed = trim_child(obj)
+                self._children[k] = trimmed
+                self._child_groups[_group(trimmed)].add(k)
+
+    def drop_child(self, obj: Mapping[str, Any]) -> None:
+        """Forget a deleted object (only the one with this uid: a new object of the same name stays)."""
+        k = obj_key(obj)
+        uid = (obj.get("metadata") or {}).get("uid")
+        with self._lock:
+            old = self._children.get(k)
+            if old is not None and (uid is None or old["metadata"].get("uid") == uid):
+                self._remove_child(k)
+
+    def _remove_child(self, k: ObjKey) -> None:
+        old = self._children.pop(k, None)
+        if old is not None:
+            group = self._child_groups.get(_group(old))
+            if group is not None:
+                group.discard(k)
+                if not group:
+                    del self._child_groups[_group(old)]
+
+    def children(self, namespace: str, instance: str) -> list[dict[str, Any]]:
+        """Every cached child carrying this instance label (copies)."""
+        with self._lock:
+            keys = self._child_groups.get((namespace, instance), set())
+            return [copy.deepcopy(self._children[k]) for k in keys]
+
+    def child(self, namespace: str, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+        """A cached child by name, whichever CR labelled it (the ownership check)."""
+        with self._lock:
+            obj = self._children.get((namespace, api_version, kind, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    # --- pods --------------------------------------------------------------------------------------------------
+    def put_pod(self, pod: Mapping[str, Any]) -> None:
+        md = pod.get("metadata") or {}
+        k = (str(md.get("namespace")), str(md.get("name")))
+        with self._lock:
+            if not newer_or_same(pod, self._pods.get(k)):
+                return
+            self._remove_pod(k)
+            if managed(pod):
+                trimmed = trim_pod(pod)
+                self._pods[k] = trimmed
+                self._pod_groups[_group(trimmed)].add(k)
+
+    def drop_pod(self, pod: Mapping[str, Any]) -> None:
+        md = pod.get("metadata") or {}
+        k = (str(md.get("namespace")), str(md.get("name")))
+        with self._lock:
+            old = self._pods.get(k)
+            if old is not None and old["metadata"].get("uid") == md.get("uid"):
+                self._remove_pod(k)
+                for ek in self._pod_events.pop(k, set()):  # its Events go with it
+                    self._events.pop(ek, None)
+
+    def _remove_pod(self, k: tuple[str, str]) -> None:
+        old = self._pods.pop(k, None)
+        if old is not None:
+            group = self._pod_groups.get(_group(old))
+            if group is not None:
+                group.discard(k)
+                if not group:
+                    del self._pod_groups[_group(old)]
+
+    def pods(self, namespace: str, instance: str) -> list[dict[str, Any]]:
+        with self._lock:
+            keys = self._pod_groups.get((namespace, instance), set())
+            return [copy.deepcopy(self._pods[k]) for k in keys]
+
+    def pod_group(self, namespace: str, pod: str) -> tuple[str, str] | None:
+        """(namespace, instance) of a cached pod."""
+        with self._lock:
+            p = self._pods.get((namespace, pod))
+            return _group(p) if p is not None else None
+
+    # --- probe-failure Events ------------------------------------------------------------------------------------
+    def put_event(self, ev: Mapping[str, Any]) -> bool:
+        """Keep a kubelet probe-failure Event about one of our (cached) pods; False when it is about another pod."""
+        md, obj = ev.get("metadata") or {}, ev.get("involvedObject") or {}
+        ns, pod = str(md.get("namespace")), str(obj.get("name"))
+        k = (ns, str(md.get("name")))
+        with self._lock:
+            if (ns, pod) not in self._pods:
+                return False
+            if not newer_or_same(ev, self._events.get(k)):
+                return True
+            self._events[k] = trim_event(ev)
+            self._pod_events[(ns, pod)].add(k)
+        return True
+
+    def drop_event(self, ev: Mapping[str, Any]) -> None:
+        md, obj = ev.get("metadata") or {}, ev.get("involvedObject") or {}
+        ns = str(md.get("namespace"))
+        k, pk = (ns, str(md.get("name"))), (ns, str(obj.get("name")))
+        with self._lock:
+            self._events.pop(k, None)
+            keys = self._pod_events.get(pk)
+            if keys is not None:
+                keys.discard(k)
+                if not keys:
+                    del self._pod_events[pk]
+
+    def events(self, namespace: str, pods: Iterable[str]) -> list[dict[str, Any]]:
+        """The cached probe-failure Events about these pods."""
+        with self._lock:
+            keys = [k for p in pods for k in self._pod_events.get((namespace, p), ())]
+            return [copy.deepcopy(self._events[k]) for k in keys if k in self._events]
+
+    def groups_on_node(self, node: str) -> list[tuple[str, str]]:
+        """(namespace, instance) of every pod group with a pod bound to `node`."""
+        with self._lock:
+            return sorted({_group(p) for p in self._pods.values() if (p.get("spec") or {}).get("nodeName") == node})
+
+    # --- nodes -------------------------------------------------------------------------------------------------
+    def set_nodes(self, names: Iterable[str] | None) -> None:
+        with self._lock:
+            self.nodes = frozenset(names) if names is not None else None
+
+    def add_node(self, name: str) -> None:
+        with self._lock:
+            self.nodes = (self.nodes or frozenset()) | {name}
+
+    def drop_node(self, name: str) -> None:
+        with self._lock:
+            self.nodes = (self.nodes or frozenset()) - {name}
+
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "crs": len(self._crs),
+                "children": len(self._children),
+                "pods": len(self._pods),
+                "events": len(self._events),
+            }
