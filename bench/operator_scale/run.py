@@ -549,10 +549,13 @@ def measure(n: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         op_log = log_dir / f"operator-{n}.log"
         op_kc = state.root / f"{OPERATOR.name}.kubeconfig"
         op_kc.write_text(pki.kubeconfig(state.server, state.pki, OPERATOR.name))
+        workers = ["--workers", str(args.concurrency)] if operator_workers() else []
+        argv = ["-m", "hpd_operator", "run", "-n", OP_NS, "--liveness-port", "0", "--metrics-port", "0", *workers,
+                *args.operator_arg]  # fmt: skip
+        out["operator_command"] = " ".join(["python", *argv])
         with op_log.open("wb") as f:
             op = subprocess.Popen(
-                [sys.executable, "-m", "hpd_operator", "run", "-n", OP_NS, "--liveness-port", "0", "--metrics-port",
-                 "0", *args.operator_arg],
+                [sys.executable, *argv],
                 env={**os.environ, "KUBECONFIG": str(op_kc)}, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
             )  # fmt: skip
         proc = Proc(op.pid)
@@ -759,13 +762,27 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def operator_workers() -> int | None:
+    """The operator's default number of reconcile workers (None: it has no --workers flag)."""
+    from hpd_operator import settings
+
+    workers = getattr(settings, "WORKERS_DEFAULT", None)
+    return int(workers) if workers is not None else None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10,100,1000", help="comma-separated numbers of CRs, each on a fresh cluster")
     p.add_argument("--idle-seconds", type=float, default=300)
     p.add_argument("--settle-seconds", type=float, default=15, help="after the last CR is Ready, before idle starts")
-    p.add_argument("--concurrency", type=int, default=8, help="client threads of the bare client and of CR creation "
-                   "(8 = the operator's kopf settings.execution.max_workers)")  # fmt: skip
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=operator_workers() or 8,
+        help="client threads of the bare client and of CR creation, and the operator's --workers where it "
+        "has that flag (default: its default worker count; else 8 = kopf's settings.execution.max_workers, "
+        "the threads of the timer operator's handlers)",
+    )
     p.add_argument("--latency-samples", type=int, default=5)
     p.add_argument("--latency-timeout", type=float, default=120)
     p.add_argument("--timeout", type=float, default=3600, help="seconds to wait for convergence per phase")
