@@ -810,9 +810,14 @@ def main() -> int:
         "method": __doc__,
         "results": {},
     }
+    failed = False
     for n in sizes:
         print(f"[operator-scale] N={n} ...", file=sys.stderr, flush=True)
-        result["results"][str(n)] = measure(n, args, log_dir)
+        try:
+            result["results"][str(n)] = measure(n, args, log_dir)
+        except Exception as e:  # one size failing (a timeout, a crash) still leaves the others measured
+            result["results"][str(n)] = {"n": n, "error": f"{type(e).__name__}: {e}"}
+            failed = True
         result["results"][str(n)]["load_average_at_end"] = os.getloadavg()
         result["targets"] = targets(result["results"])
         result["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -821,7 +826,7 @@ def main() -> int:
               file=sys.stderr, flush=True)  # fmt: skip
     print(json.dumps(result["targets"], indent=1))
     print(f"wrote {out}", file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
