@@ -72,6 +72,8 @@ BARE = pki.ClientCert("bare", "hpd-bench-bare", "system:masters")
 ADMIN_USER = "hpd-admin"
 """This bench's own user (the devcluster's admin): CR creation, watches, pod status flips."""
 PODS_PER_NODE = 250
+SERVICE_CIDR = "10.0.0.0/16"
+"""2 N CRs' ClusterIP Services (the devcluster's /24 holds 253: full at N = 127)."""
 KCM_QPS = ("--kube-api-qps=500", "--kube-api-burst=1000")
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 READ_VERBS = frozenset({"get", "list", "watch"})
@@ -387,9 +389,9 @@ def bare_apply(api: client.ApiClient, manifests: list[dict[str, Any]]) -> None:
             auth_settings=["BearerToken"],
         )
         resp = api.call_api(method, url, header_params=headers, body=body)
-        resp.read()
+        data = resp.read()
         if resp.status >= 300:
-            raise RuntimeError(f"bare apply {obj['kind']} {md['name']}: {resp.status}")
+            raise RuntimeError(f"bare apply {obj['kind']} {md['name']}: {resp.status} {data[:500]!r}")
 
 
 def wait(check: Callable[[], bool], timeout: float, what: str, interval: float = 1.0) -> float:
@@ -494,7 +496,7 @@ def measure(n: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     audit_log.unlink(missing_ok=True)
     extra = {
         "kube-apiserver": (f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
-                           "--audit-log-format=json", "--audit-log-mode=blocking"),
+                           "--audit-log-format=json", "--audit-log-mode=blocking", f"--service-cluster-ip-range={SERVICE_CIDR}"),
         "kube-controller-manager": KCM_QPS,
     }  # fmt: skip
     out: dict[str, Any] = {
