@@ -311,8 +311,8 @@ class Audit:
         """(request received, user, verb, resource[/subresource]) per request."""
         seen: set[str] = set()
         out = []
-        with self.path.open() as f:
-            for line in f:
+        for line in self._lines():
+            if line:
                 ev = json.loads(line)
                 if ev["auditID"] in seen:
                     continue
@@ -325,10 +325,21 @@ class Audit:
                 out.append((t, ev["user"]["username"], ev["verb"], res))
         return out
 
+    def files(self) -> list[Path]:
+        """The log and its rotated parts (the apiserver rotates at 100 MB: <stem>-<time>.log), oldest first."""
+        return [*sorted(self.path.parent.glob(f"{self.path.stem}-*{self.path.suffix}")), self.path]
+
+    def _lines(self) -> Iterator[str]:
+        for path in self.files():
+            with path.open() as f:
+                yield from f
+
     def operator_watches(self, resource: str) -> bool:
         """The operator's user has opened a watch on `resource` (reads only what was appended since last time)."""
         if not self.path.exists():
             return False
+        if self.path.stat().st_size < self._offset:  # rotated: a new file
+            self._offset = 0
         with self.path.open("rb") as f:
             f.seek(self._offset)
             data = f.read()
@@ -356,6 +367,8 @@ def window_counts(events: list[tuple[float, str, str, str]], w: Window) -> dict[
     op = by_user.get(OPERATOR.common_name, Counter())
     return {
         "seconds": round(w.seconds, 2),
+        "start_epoch": round(w.start, 3),
+        "end_epoch": round(w.end, 3),
         "apiserver_request_total_by_verb_all_clients": delta(w.metrics_after, w.metrics_before),
         "audit_by_user_and_verb": {u: dict(sorted(c.items())) for u, c in sorted(by_user.items())},
         "operator_by_verb_and_resource": dict(sorted(op_res.items())),
@@ -590,7 +603,7 @@ def measure(n: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         out["api_requests"] = {w.name: window_counts(events, w) for w in [w_bare, *windows]}
         idle = out["api_requests"]["idle"]
         idle["operator_reads_per_cr_per_minute"] = round(idle["operator_reads"] / n / (idle["seconds"] / 60), 4)
-        out["audit"] = {"path": str(audit_log), "requests": len(events)}
+        out["audit"] = {"files": [str(f) for f in audit.files()], "requests": len(events)}
     out["seconds_total"] = round(time.monotonic() - t_start, 1)
     return out
 
