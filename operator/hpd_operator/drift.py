@@ -7,16 +7,25 @@ costs no request while nobody else touched the child:
 1. `touched_by_others`: the child's managedFields (main resource, not status/scale) hold an entry of another
    manager (kubectl edit/apply/replace, a script, a controller) at least as new as the operator's own entry,
    other than one that only sets annotations the operator does not set (the Deployment controller's
-   `deployment.kubernetes.io/revision`, `kubectl.kubernetes.io/restartedAt`...). Only then:
-2. `matches`: the live object (one GET) is compared with the desired manifest: every field the operator sets has the
+   `deployment.kubernetes.io/revision`), or the child's generation moved since the operator last applied or
+   verified it (handlers.needs_apply keeps that per process). Only then:
+2. `mismatch`: the live object (one GET) is compared with the desired manifest: every field the operator sets has the
    value it sets (extra fields and apiserver defaults are fine; a list must have the same length). A mismatch is
    drift: re-apply (server-side apply with force takes the fields back).
 
-Limits: the managedFields time has 1 s resolution, hence "at least as new". A change that makes `matches` fail
-but that the apply cannot undo (an item added to a list the operator owns only partly), or a value the apiserver
-normalises (a quantity written "0.5" read back "500m"), would re-apply on every reconcile; the caller remembers
-the resourceVersion it checked or applied (`handlers._CHECKED`), so each version of an object costs at most one
-GET and one apply per process. A child whose managers were all the operator is never read back: an edit by
+Why not a plain compare of every cached child with its desired manifest: it needs the whole object cached (memory
+at 1,000 CRs) and the apiserver's defaults and normalisations make it noisy; managedFields says for free whether
+anyone but the operator wrote the object since the operator's own apply.
+
+Limits: the managedFields time has 1 s resolution, hence "at least as new". An edit that only removes fields
+leaves no managedFields entry: on kinds with a generation (Deployment, PodDisruptionBudget, NetworkPolicy) the
+generation moves and the child is read back; on the others (Service, ServiceAccount, Role, RoleBinding) such an
+edit is not seen until the desired manifest changes. A key added to an atomic map the operator sets (a Service's
+selector) passes `mismatch` (extra keys are allowed), so it is not repaired either. A change that makes
+`mismatch` fail but that the apply cannot undo (a field another manager owns), or a value the apiserver normalises
+(a quantity written "0.5" read back "500m"), would re-apply on every reconcile; the caller remembers the signature
+(other managers' newest write, generation) it verified or applied (`handlers._CHECKED`), so each such change costs
+at most one GET and one apply per process (after a restart, once more). A child whose managers were all the operator is never read back: an edit by
 anyone else shows in managedFields, and a deletion or a label removed shows in the watch.
 """
 

@@ -4,7 +4,7 @@ and exactly the args of the chart's Deployment, against the real local control p
 OwnerReferencesPermissionEnforcement on). It reconciles the sample CR to Ready, follows an update, and the CR's
 deletion, in both RBAC scopes, with no 403 anywhere; and taking one verb away from the chart's rules makes it fail.
 
-A 403 shows either in the operator's log (kopf and the resync loop log API errors) or in its
+A 403 shows either in the operator's log (kopf's watches and the reconcile workers log API errors) or in its
 hpd_operator_api_errors_total{code="403"} metric (Events are best effort and only counted)."""
 
 from __future__ import annotations
@@ -249,6 +249,7 @@ def chart_default(which: str) -> str:
 # (apiGroup, resource, verb) taken away from the chart's Role -> the proof must fail with a 403.
 REMOVED = [
     ("apps", "deployments", "patch"),  # server-side apply of the role Deployments
+    ("apps", "deployments", "watch"),  # the watch that feeds the reconcile's cache
     ("hybridpd.io", "hybridpddeployments/status", "patch"),  # status writes
     ("hybridpd.io", "hybridpddeployments/finalizers", "update"),  # blockOwnerDeletion on every child
     ("", "pods", "watch"),  # the router's Role cannot be granted without holding it
