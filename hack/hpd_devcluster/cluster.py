@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ class NodePool:
     gpus_per_node: int = 8
     gpu_product: str = "NVIDIA-H200"
     gpu_memory_mib: int = 143771
+    pods_per_node: int = 110
     cpu: str = "128"
     memory: str = "2Ti"
 
@@ -225,7 +226,7 @@ def _node_manifest(name: str, pool: NodePool) -> dict[str, Any]:
     resources = {
         "cpu": pool.cpu,
         "memory": pool.memory,
-        "pods": "110",
+        "pods": str(pool.pods_per_node),
         "ephemeral-storage": "2Ti",
         GPU_RESOURCE: str(pool.gpus_per_node),
     }
@@ -310,8 +311,18 @@ def healthy(state: ClusterState) -> bool:
     return _url_ok(state.server + "/readyz", _ssl_context(state)) and _nodes_ready(state)
 
 
-def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 120.0) -> ClusterState:
-    """Bring the cluster `name` up (idempotent: a healthy running cluster is returned as is)."""
+ExtraArgs = Mapping[str, Sequence[str]]
+"""Extra command-line flags per process (a key of PROCESS_ORDER), after the defaults (a repeated flag wins)."""
+
+
+def up(
+    name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 120.0, extra_args: ExtraArgs | None = None
+) -> ClusterState:
+    """Bring the cluster `name` up (idempotent: a healthy running cluster is returned as is, whatever `extra_args`
+    say; the scale bench uses them for the apiserver's audit log and the controller-manager's client rate)."""
+    unknown = set(extra_args or {}) - set(PROCESS_ORDER)
+    if unknown:
+        raise ValueError(f"extra_args for unknown processes {sorted(unknown)}; known: {PROCESS_ORDER}")
     pool = pool or NodePool()
     existing = ClusterState.load(name)
     if existing is not None:
@@ -334,7 +345,7 @@ def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 
         state.save()
         deadline = time.monotonic() + timeout
         try:
-            _bring_up(state, bins, pool, deadline)
+            _bring_up(state, bins, pool, deadline, extra_args or {})
             return state
         except ClusterError as exc:
             stop(state)
@@ -349,7 +360,7 @@ def up(name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 
     raise AssertionError("unreachable")
 
 
-def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadline: float) -> None:
+def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadline: float, extra: ExtraArgs) -> None:
     pki.generate(state.pki)
     _write_kubeconfigs(state)
     p, pk = state.ports, state.pki
@@ -359,7 +370,7 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         str(bins.etcd), "--name=hpd", f"--data-dir={state.root / 'etcd-data'}", "--unsafe-no-fsync",
         f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
         f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-        f"--initial-cluster=hpd={peer_url}",
+        f"--initial-cluster=hpd={peer_url}", *extra.get("etcd", ()),
     ])  # fmt: skip
     _wait(
         "etcd /health", lambda: _url_ok(f"{etcd_url}/health"), min(deadline, time.monotonic() + 30), state, "etcd.log"
@@ -375,7 +386,7 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         # As on hardened clusters (e.g. OpenShift): an ownerReference with blockOwnerDeletion needs `update` on the
         # owner's /finalizers, so the chart's RBAC test proves that rule too.
         "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
-        "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
+        "--endpoint-reconciler-type=none", "--profiling=false", "--v=1", *extra.get("kube-apiserver", ()),
     ])  # fmt: skip
     admin_ctx = _ssl_context(state)
     _wait("kube-apiserver /readyz", lambda: _url_ok(state.server + "/readyz", admin_ctx), deadline, state,
@@ -389,17 +400,20 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         f"--root-ca-file={pk / 'ca.crt'}", f"--cluster-signing-cert-file={pk / 'ca.crt'}",
         f"--cluster-signing-key-file={pk / 'ca.key'}", f"--requestheader-client-ca-file={pk / 'ca.crt'}",
         "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller", "--v=1",
+        *extra.get("kube-controller-manager", ()),
     ])  # fmt: skip
     _start(state, "kube-scheduler", [
         str(bins.kube_scheduler), f"--kubeconfig={sch_kc}", f"--authentication-kubeconfig={sch_kc}",
         f"--authorization-kubeconfig={sch_kc}", f"--requestheader-client-ca-file={pk / 'ca.crt'}",
         "--bind-address=127.0.0.1", f"--secure-port={p['scheduler']}", "--leader-elect=false", "--v=1",
+        *extra.get("kube-scheduler", ()),
     ])  # fmt: skip
     _start(state, "kwok", [
         str(bins.kwok), f"--config={bins.kwok_stages}", f"--kubeconfig={state.root / 'kwok.kubeconfig'}", "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
         "--manage-nodes-with-label-selector=", "--manage-single-node=",
         f"--cidr={POD_CIDR}", "--node-ip=10.0.0.2", "--node-lease-duration-seconds=40", "--server-address=",
+        *extra.get("kwok", ()),
     ])  # fmt: skip
     api(state, "POST", "/apis/storage.k8s.io/v1/storageclasses", KWOK_STORAGE_CLASS)
     state.nodes = [f"gpu-node-{i}" for i in range(pool.count)]
@@ -518,9 +532,9 @@ def listening_ports(state: ClusterState) -> list[int]:
 
 
 @contextlib.contextmanager
-def running(name: str, pool: NodePool | None = None) -> Iterator[ClusterState]:
+def running(name: str, pool: NodePool | None = None, extra_args: ExtraArgs | None = None) -> Iterator[ClusterState]:
     """A cluster for the duration of a `with` block (used by the pytest fixture)."""
-    state = up(name, pool)
+    state = up(name, pool, extra_args=extra_args)
     try:
         yield state
     finally:

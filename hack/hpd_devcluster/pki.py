@@ -123,22 +123,30 @@ def generate(pki_dir: Path) -> None:
     _write_cert(pki_dir / "apiserver.crt", server_cert)
 
     for client in CLIENTS:
-        key = _key()
-        cert = _issue(
-            _name(client.common_name, client.organization),
-            key,
-            ca_key,
-            ca_name,
-            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-        )
-        _write_key(pki_dir / f"{client.name}.key", key)
-        _write_cert(pki_dir / f"{client.name}.crt", cert)
+        _issue_client(pki_dir, client, ca_key, ca_name)
 
     sa_key = _key()
     _write_key(pki_dir / "sa.key", sa_key)
     (pki_dir / "sa.pub").write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
+
+
+def _issue_client(pki_dir: Path, client: ClientCert, ca_key: ec.EllipticCurvePrivateKey, ca_name: x509.Name) -> None:
+    key = _key()
+    subject = _name(client.common_name, client.organization)
+    cert = _issue(subject, key, ca_key, ca_name, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
+    _write_key(pki_dir / f"{client.name}.key", key)
+    _write_cert(pki_dir / f"{client.name}.crt", cert)
+
+
+def add_client(pki_dir: Path, client: ClientCert) -> None:
+    """One more client cert from the CA that `generate` wrote (e.g. a user of its own for the operator, so the
+    apiserver's audit log tells its requests apart)."""
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_name = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes()).subject
+    _issue_client(pki_dir, client, ca_key, ca_name)
 
 
 def kubeconfig(server: str, pki_dir: Path, client: str) -> str:
