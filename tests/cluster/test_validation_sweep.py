@@ -133,7 +133,16 @@ def operator_only_cases() -> list[Case]:
             merged({"prefill": {"tensorParallelSize": 3}, "decode": {"tensorParallelSize": 3}}),
             "spec.prefill.tensorParallelSize",
         ),
-        Case("hetero-tp-needs-block-size", merged({"prefill": {"tensorParallelSize": 4}}), "spec.blockSize"),
+        Case(
+            "hetero-tp-needs-block-size",
+            merged({"vllmVersion": "0.25.1", "prefill": {"tensorParallelSize": 4}}),
+            "spec.blockSize",
+        ),
+        Case(  # 0.20: no block size serves it (NaN P->D measured with one that made the sizes equal)
+            "hetero-tp-replicated-unservable-on-0.20",
+            merged({"prefill": {"tensorParallelSize": 4}, "blockSize": 4096}),
+            "spec.prefill.tensorParallelSize",
+        ),
         Case("global-abbrev", merged({"extraArgs": ["--max-model", "4096"]}), "spec.extraArgs[0]"),
     ]
     return out
