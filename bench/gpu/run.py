@@ -55,6 +55,8 @@ from hpd_runtime import contract, paircheck
 
 HERE = Path(__file__).resolve().parent
 AUTOTUNE_LINE = "Triton autotuning for function"
+JIT_LINE = "Triton kernel JIT compilation during inference"
+"""vLLM >= 0.25's jit_monitor: one line per Triton kernel compiled (or loaded) while serving; 0.20 has no monitor."""
 KV_ALLOCATED = "GPU KV cache size"
 PORTS = {
     "prefill": {"vllm": 8200, "runtime": 8201, "side": 5600},
@@ -84,6 +86,8 @@ HOST_SUBSTITUTIONS = [
     "CUDA_VISIBLE_DEVICES=the lane's first TP GPUs per role (both roles share the first; on Kubernetes each pod has "
     "its own GPUs)",
     "PYTHONPATH: the vLLM build of the rendered image's tag (--vllm-site), the router wheels and hpd_runtime",
+    "VLLM_USE_FLASHINFER_SAMPLER=0: flashinfer is not staged (the image ships it); vLLM 0.25 imports it for its "
+    "top-k/top-p sampler unless told not to (0.20 falls back by itself); greedy requests sample the same either way",
 ]
 
 
@@ -155,6 +159,7 @@ def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cac
             contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: str(ports["side"]),
             contract.ENV_CACHE_DIR: str(cache_root),
             "TRITON_PRINT_AUTOTUNING": "1",
+            "VLLM_USE_FLASHINFER_SAMPLER": "0",
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in GPUS[:tp]),
             **NO_NVLINK_MULTICAST,
         })  # fmt: skip
@@ -362,12 +367,13 @@ FIRST_LENGTH = 1000
 """The one length of the first-request-after-Ready measurement (as in the project's earlier runs)."""
 
 
-def first_request(model: str) -> dict[str, Any]:
+def first_request(model: str, only_router: bool = False) -> dict[str, Any]:
     """Right after both roles are Ready, before anything else: the first request vs the median of 3 more, fresh
     prompts of one length, P->D through the router, then colocated on decode. With warmup off this is the baseline."""
-    rng = random.Random(99)
+    rng = random.Random(98 if only_router else 99)  # fresh prompts for the second router
     out: dict[str, Any] = {}
-    for name, url in (("pd_via_router", router_url()), ("colocated_on_decode", decode_url())):
+    targets = [("pd_via_router", router_url()), ("colocated_on_decode", decode_url())][: 1 if only_router else 2]
+    for name, url in targets:
         times = [post(url, completion(model, prompt(rng, FIRST_LENGTH), 8))[0] for _ in range(4)]
         steady = statistics.median(times[1:])
         out[name] = {"first_s": round(times[0], 4), "steady_median_s": round(steady, 4),
@@ -619,6 +625,13 @@ def run_step(
                 res["shapes"] = shapes(served)
             res["autotune_events_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(AUTOTUNE_LINE)
                                                   for n, r in roles.items()}  # fmt: skip
+            res["jit_monitor_lines_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(JIT_LINE)
+                                                    for n, r in roles.items()}  # fmt: skip
+            # the first P->D request through a *fresh* router, once vLLM has served the router: tells the router's own
+            # first-request cost (again slow) from a one-time cost in vLLM (now fast); measured 0.5-0.7 s on 2026-11-29
+            router.stop()
+            router = Router(out, cr + "-2", base_env)
+            res["first_request_fresh_router"] = first_request(served, only_router=True)
             if "restart" in steps:
                 res["restart"] = restart_prefill(roles, served, out, cr, base_env)
         res["block_sizes"] = block_sizes(roles)
