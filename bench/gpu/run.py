@@ -11,8 +11,9 @@ One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart
   cold     both roles from an empty (or the mode's) cache volume; time to /health and /readyz; the decode pair
            check's own verdict (runtime log); vllm-router in front; P->D via the router vs colocated on decode for
            8 prompts (token ids + first-token logprob delta); Triton autotune events after Ready.
-  shapes   first request vs the median of 3 more at each of SHAPE_LENGTHS (never sent by the warmup; both sides of
-           multiple-of-16 boundaries), P->D via the router and colocated on decode.
+  shapes   first request vs the median of 5 more at each of SHAPE_LENGTHS (never sent by the warmup; both sides of
+           multiple-of-16 boundaries), P->D via the router and colocated on decode; the same at CONTROL_LENGTHS
+           (lengths the warmup ladder sent: their spread is the noise floor the unseen lengths are read against).
   restart  the prefill's vLLM restarts under a running decode (SIGTERM to its launcher, then started again on the
            same cache, as the kubelet would): P->D answers through the router before, during and after, each
            checked against decode's colocated answer; decode /readyz timeline; decode exits (restarted like the
@@ -68,6 +69,9 @@ GPUS: list[int] = [0, 1]
 VLLM_SITES: dict[str, str] = {}
 """vLLM version (the rendered image tag) -> its site-packages directory (--vllm-site)."""
 SHAPE_LENGTHS = (815, 816, 817, 1279, 1280, 1281, 2207, 2208, 2209, 3503, 3504, 3505)
+CONTROL_LENGTHS = (1023, 1024, 1539, 2047, 2048, 3075)
+"""In hpd_runtime.warmup.shape_lengths(4091): p - 1, p and 1.5 p + 3 for p = 1024, 2048 (warmed at Ready)."""
+STEADY_SAMPLES = 5
 OUTPUT_LENGTHS = (300, 650, 1000, 1400, 1800, 2200, 2600, 3000)
 HOLD_BAD_S = 30.0
 NO_NVLINK_MULTICAST: dict[str, str] = {
@@ -386,12 +390,19 @@ def shapes(model: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, url in (("pd_via_router", router_url()), ("colocated_on_decode", decode_url())):
         rows = []
-        for n in SHAPE_LENGTHS:
-            times = [post(url, completion(model, prompt(rng, n), 8))[0] for _ in range(4)]
+        for n in (*SHAPE_LENGTHS, *CONTROL_LENGTHS):
+            times = [post(url, completion(model, prompt(rng, n), 8))[0] for _ in range(1 + STEADY_SAMPLES)]
             steady = statistics.median(times[1:])
-            rows.append({"prompt_tokens": n, "first_s": round(times[0], 4), "steady_median_s": round(steady, 4),
-                         "first_over_steady": round(times[0] / steady, 3), "all_s": [round(t, 4) for t in times]})  # fmt: skip
-        out[name] = {"rows": rows, "max_first_over_steady": max(r["first_over_steady"] for r in rows)}
+            rows.append({"prompt_tokens": n, "warmed_by_ladder": n in CONTROL_LENGTHS, "first_s": round(times[0], 4),
+                         "steady_median_s": round(steady, 4), "first_over_steady": round(times[0] / steady, 3),
+                         "first_minus_steady_ms": round(1000 * (times[0] - steady), 1),
+                         "all_s": [round(t, 4) for t in times]})  # fmt: skip
+        unseen = [r for r in rows if not r["warmed_by_ladder"]]
+        control = [r for r in rows if r["warmed_by_ladder"]]
+        out[name] = {"rows": rows, "max_first_over_steady": max(r["first_over_steady"] for r in unseen),
+                     "control_max_first_over_steady": max(r["first_over_steady"] for r in control),
+                     "max_first_minus_steady_ms": max(r["first_minus_steady_ms"] for r in unseen),
+                     "control_max_first_minus_steady_ms": max(r["first_minus_steady_ms"] for r in control)}  # fmt: skip
     return out
 
 

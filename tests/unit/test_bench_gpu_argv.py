@@ -102,3 +102,20 @@ def test_block_sizes_are_read_from_vllms_log(tmp_path: Path) -> None:
         "prefill": {"attention": 528, "kernel": 16},
         "decode": {"attention": None, "kernel": None},
     }
+
+
+@pytest.mark.parametrize("cr", ["tiny-eager", "tiny-compile", "tiny-eager-v025"])
+def test_shape_lengths_are_unseen_and_control_lengths_warmed_by_the_runtimes_own_plan(
+    rendered: list[dict[str, Any]], tmp_path: Path, cr: str
+) -> None:
+    """The shapes step reads first/steady at lengths the warmup never sent against lengths it did send: both sets
+    must hold for the warmup plan the runtime computes from the rendered decode container (its env and argv)."""
+    from hpd_runtime.config import load_config
+    from hpd_runtime.warmup import plan_warmup
+
+    role = run.role_commands(rendered, cr, tmp_path / "model", tmp_path / "cache")["decode"]
+    vllm_args = role.argv[role.argv.index("--") + 1 :]
+    plan = plan_warmup(load_config(role.env, vllm_args))
+    sent = {len(p.tokens) for p in (*plan.sequential, *plan.concurrent, *plan.shapes, *plan.batch)}
+    assert not sent & set(run.SHAPE_LENGTHS), "a 'never seen' length is in the warmup plan"
+    assert set(run.CONTROL_LENGTHS) <= {len(p.tokens) for p in plan.shapes}, "a control length is not warmed"
