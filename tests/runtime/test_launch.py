@@ -118,6 +118,8 @@ def test_readyz_stays_503_until_the_warmup_finished(launch: Any) -> None:
         "concurrent",
         "shape",
         "batch",
+        "logprobs",
+        "sampled",
     }
     assert all(isinstance(r["seconds"], float) and r["outcome"] == "ok" for r in per_request)
 

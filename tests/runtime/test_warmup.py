@@ -76,6 +76,20 @@ def test_explicit_lengths_replace_the_derived_ones() -> None:
     assert plan.sequential[2].tokens[:600] == plan.sequential[1].tokens
 
 
+def test_plan_asks_for_logprobs_and_random_sampling_once_each() -> None:
+    """User requests ask for logprobs and sample at temperature > 0; the other steps are greedy without logprobs."""
+    plan = plan_warmup(load_config({c.ENV_MAX_MODEL_LEN: "4096"}))
+    bodies = {p.kind: w.completion_body(load_config({}), p) for p in plan.sequential}
+    assert bodies["logprobs"]["logprobs"] == 1 and bodies["logprobs"]["temperature"] == 0
+    assert bodies["logprobs"]["return_tokens_as_token_ids"] is True  # vLLM 0.20 + --skip-tokenizer-init: else 400
+    sampled = bodies["sampled"]
+    assert sampled["temperature"] > 0 and 0 < sampled["top_p"] < 1 and sampled["top_k"] > 1 and "seed" in sampled
+    assert sampled["logprobs"] == 1
+    every = (*plan.sequential, *plan.concurrent, *plan.shapes, *plan.batch)
+    others = [p for p in every if p.kind not in ("logprobs", "sampled")]
+    assert all(not p.sampling for p in others)
+
+
 # --- runs against the stand-in ---------------------------------------------------------------------------------
 
 
@@ -97,6 +111,8 @@ def test_warmup_sends_the_plan_and_marks_warm(start_fake: Callable[..., Fake]) -
     assert [r["body"]["prompt"] for r in got[: len(plan.sequential)]] == [list(p.tokens) for p in plan.sequential]
     assert all(r["body"]["model"] == "fake-model" and r["body"]["stream"] is False for r in got)
     assert all(r["request_id"] and r["request_id"].startswith("hpd-warmup-") for r in got)
+    sent = {r["request_id"].split("-")[2]: r["body"] for r in got}
+    assert sent["logprobs"]["logprobs"] == 1 and sent["sampled"]["temperature"] > 0
     assert sample(state.metrics, "hpd_runtime_warmup_requests_total", kind="concurrent", outcome="ok") == 3
     assert sample(state.metrics, "hpd_runtime_warmup_completed") == 1
 

@@ -13,13 +13,20 @@ What is sent, after vLLM `/health` answers 200 (all `/v1/completions`, token-id 
    on vLLM 0.20 (issue #12) and the token count's length classes (1 / multiple of 16 / other) are compiled
    separately by Triton, so every class and octave is paid for here (bench/gpu/README.md has the measurement);
 5. `batch`: BATCH_CLASS_SIZE (16) short prompts at once, the "multiple of 16" decode batch class;
-6. decode with pair check only: the output-verified pair check (`hpd_runtime.pairing`) against every Ready
+6. `sampler`: two short prompts that ask for what user requests ask for and the other steps do not: `logprobs`
+   (greedy, `logprobs=1`: vLLM's sampler ranks the sampled token with a torch.compile'd function,
+   `batched_count_greater_than`, compiled by Inductor in the first request that asks for logprobs; vllm-router
+   forwards a client's `logprobs` to prefill too, and on the H200 that first request through the router cost
+   0.5-0.7 s with warm caches and about 2 s cold while every later one took 0.08 s, issue #12/#16) and `sampled`
+   (temperature, top-p, top-k and a seed: the random-sampling path, FlashInfer's sampling kernels where the image
+   has them);
+7. decode with pair check only: the output-verified pair check (`hpd_runtime.pairing`) against every Ready
    prefill pod behind the prefill headless Service (it publishes only Ready endpoints): P->D answers compared with
    local answers by top-1 logprobs (`hpd_runtime.paircheck`). A mismatch is a verdict, not an error: the pod
    stays not ready with "P->D output differs from local ..." as the reason; the pair monitor then keeps
    re-checking, and re-checks whenever the prefill peers change (decode follows prefill).
 
-HPD_WARMUP_PROMPT_LENGTHS replaces the lengths of step 1 (`custom`); steps 2-4 still run.
+HPD_WARMUP_PROMPT_LENGTHS replaces the lengths of step 1 (`custom`); steps 2-6 still run.
 
 Token ids are drawn from a seeded RNG in [3, 1000]: the vocabulary is unknown here, ids 0-2 are often special
 (pad/bos/eos) and every real tokenizer has more than 1000 ids. Prompts are never longer than
@@ -76,6 +83,15 @@ class WarmupPrompt:
     kind: str
     tokens: tuple[int, ...]
     max_tokens: int
+    sampling: tuple[tuple[str, Any], ...] = ()
+    """Request fields over the greedy defaults of `completion_body` (the `sampler` step)."""
+
+
+LOGPROBS_FIELDS: tuple[tuple[str, Any], ...] = (("logprobs", 1), ("return_tokens_as_token_ids", True))
+"""`return_tokens_as_token_ids`: with --skip-tokenizer-init vLLM 0.20 answers logprobs without it with HTTP 400."""
+SAMPLED_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("temperature", 0.8), ("top_p", 0.95), ("top_k", 40), ("seed", 7), *LOGPROBS_FIELDS,
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +173,9 @@ def plan_warmup(cfg: RuntimeConfig) -> WarmupPlan:
     extra = prompt_tokens(chunk + 5, seed=4)
     continued = (base.tokens + extra)[: max(limit, len(base.tokens))]
     sequential.append(WarmupPrompt("continuation", continued, n_out))
+    short = clamp(SHORT_LENGTH)
+    sequential.append(WarmupPrompt("logprobs", prompt_tokens(short, seed=5), n_out, LOGPROBS_FIELDS))
+    sequential.append(WarmupPrompt("sampled", prompt_tokens(short, seed=6), n_out, SAMPLED_FIELDS))
 
     lengths = [clamp(SHORT_LENGTH), clamp(2 * chunk + 17)]
     concurrent = tuple(
@@ -180,6 +199,7 @@ def completion_body(cfg: RuntimeConfig, prompt: WarmupPrompt, **overrides: Any) 
         "ignore_eos": True,
         "stream": False,
     }
+    body.update(prompt.sampling)
     body.update(overrides)
     return body
 
