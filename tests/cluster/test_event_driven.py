@@ -66,13 +66,15 @@ nodes and namespaces of other tests at any time, so the operator's Events are ch
 
 
 @pytest.fixture()
-def quiet_operator(crd: None, kubeconfig: Path, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+def quiet_operator(
+    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, operator_logs: list[Path]
+) -> Iterator[Operator]:
     """An operator whose safety resync and probe re-check are an hour away: only events move it."""
     op = Operator(kubeconfig, namespace, tmp_path / "operator.log", resync=HOUR, extra=NO_TIMER)
+    operator_logs.append(op.log)
     op.start()
     yield op
     op.stop()
-    print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])
 
 
 def requests(kubeconfig: Path) -> dict[tuple[str, str, str], float]:
