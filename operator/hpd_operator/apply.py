@@ -121,6 +121,15 @@ def read(
     return out
 
 
+def send(api: client.ApiClient, method: str, path: str, body: Any, content_type: str = "application/json") -> Manifest:
+    """One JSON request (a status merge patch, an Event) without the client's model classes: their per-call
+    argument validation and first-use schema building cost more CPU than the request itself."""
+    out: Manifest = _call(
+        api, method, path, header_params={"Content-Type": content_type, "Accept": "application/json"}, body=body
+    )
+    return out
+
+
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 """Accept header for a list of metadata only (names of nodes without their status)."""
 

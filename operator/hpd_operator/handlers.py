@@ -83,7 +83,7 @@ class Capabilities:
 
 
 _STATE: dict[str, Any] = {}
-"""The ApiClient and Capabilities set by `setup` (before kopf runs)."""
+"""The ApiClient and Capabilities set by `setup` (before kopf runs); the workers and the resync task."""
 
 
 def new_client() -> client.ApiClient:
@@ -683,22 +683,23 @@ async def _resync_loop() -> None:
 
 
 @kopf.on.startup(id="workers")
-async def start_workers(memo: kopf.Memo, **_: Any) -> None:
-    """The reconcile workers (threads: the kubernetes client is synchronous) and the safety resync."""
+async def start_workers(**_: Any) -> None:
+    """The reconcile workers (threads: the kubernetes client is synchronous) and the safety resync. Kept in _STATE,
+    not in kopf's memo: kopf copies the memo into its memory of every watched object."""
     if "api" not in _STATE:
         raise kopf.PermanentError("start the operator with `python -m hpd_operator run` (it calls handlers.setup)")
     n = settings.current().workers
-    memo.workers = [
+    workers = [
         threading.Thread(target=worker, args=(_api(), QUEUE), name=f"reconcile-{i}", daemon=True) for i in range(n)
     ]
-    for t in memo.workers:
+    for t in workers:
         t.start()
-    memo.resync_task = asyncio.create_task(_resync_loop())
+    _STATE["workers"], _STATE["resync_task"] = workers, asyncio.create_task(_resync_loop())
 
 
 @kopf.on.cleanup(id="workers")
-async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("resync_task")
+async def stop_workers(**_: Any) -> None:
+    task = _STATE.get("resync_task")
     if task is not None:
         task.cancel()
     QUEUE.shutdown()
