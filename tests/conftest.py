@@ -70,9 +70,21 @@ def wait_for_default_service_account(core: object, namespace: str) -> None:
     wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, what=f"{namespace}/default SA")
 
 
+@pytest.fixture()
+def operator_logs(request: pytest.FixtureRequest) -> Iterator[list[Path]]:
+    """Fixtures that start an operator append its log file here; at teardown (after theirs: they depend on this one,
+    so their operators are stopped by then) the tail of each is printed when the test failed or never ran."""
+    logs: list[Path] = []
+    yield logs
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or rep.failed:
+        for log in logs:
+            print(f"--- operator log ({log}) ---\n" + log.read_text(errors="replace")[-20000:])
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     rep = outcome.get_result()  # type: ignore[attr-defined]
-    if rep.when == "call":  # read by fixtures that print an operator log when their test failed
+    if rep.when == "call":  # read by `operator_logs`
         item.rep_call = rep  # type: ignore[attr-defined]

@@ -3,8 +3,10 @@
 A fixed table of the kinds the builders make maps apiVersion/kind to REST paths, so there is no discovery round
 trip per reconcile. Every apply is `PATCH application/apply-patch+yaml` with fieldManager hybrid-pd-operator and
 force=true: a changed spec updates the child in place, and drift by someone else is overwritten. Force is only
-used on objects this CR owns: `foreign` finds the desired names held by another object (another CR's child, or one
-nobody manages), which the operator reports instead of taking over (same field manager = silent takeover).
+used on objects this CR owns: a desired name held by another object (another CR's child, or one nobody manages) is
+reported instead of taken over (same field manager = silent takeover). A child the watch cache does not hold is made
+by `create`: the same apply with a resourceVersion precondition that no stored object meets, so it creates an absent
+object in one request and answers 409 for an existing one (which the caller then reads to say who holds it).
 """
 
 from __future__ import annotations
@@ -75,6 +77,22 @@ def _call(
     return json.loads(raw) if raw else {}
 
 
+CREATE_ONLY = "1"
+"""The resourceVersion `create` sends. Server-side apply with metadata.resourceVersion set is an optimistic-lock
+precondition on an existing object (409 Conflict unless equal) and is ignored when the object is created. Stored
+objects carry the etcd revision of their last write, and etcd's first write is revision 2, so no object meets it."""
+
+
+def create(api: client.ApiClient, obj: Manifest) -> Manifest | None:
+    """Server-side apply `obj` only if no object holds its name: the object as stored, or None when one does."""
+    try:
+        return apply(api, {**obj, "metadata": {**obj["metadata"], "resourceVersion": CREATE_ONLY}})
+    except client.ApiException as e:
+        if e.status == 409:
+            return None
+        raise
+
+
 def apply(api: client.ApiClient, obj: Manifest) -> Manifest:
     """Server-side apply one object; returns the object as stored."""
     k = kind_of(obj)
@@ -100,6 +118,15 @@ def read(
 ) -> Manifest:
     """GET one REST path as JSON (lists of pods, nodes: no model round trip)."""
     out: Manifest = _call(api, "GET", path, query_params=query_params, header_params={"Accept": accept})
+    return out
+
+
+def send(api: client.ApiClient, method: str, path: str, body: Any, content_type: str = "application/json") -> Manifest:
+    """One JSON request (a status merge patch, an Event) without the client's model classes: their per-call
+    argument validation and first-use schema building cost more CPU than the request itself."""
+    out: Manifest = _call(
+        api, method, path, header_params={"Content-Type": content_type, "Accept": "application/json"}, body=body
+    )
     return out
 
 
@@ -134,22 +161,6 @@ def holder(obj: Mapping[str, Any]) -> str:
     if ctl is None:
         return "not owned by any object"
     return f"owned by {ctl.get('kind')} {ctl.get('name')}"
-
-
-def foreign(
-    api: client.ApiClient, desired: Iterable[Manifest], existing: Mapping[tuple[str, str, str], Manifest], uid: str
-) -> dict[tuple[str, str, str], str]:
-    """Desired children whose name is taken by an object not owned by the CR `uid` -> who holds it.
-
-    `existing` is what the label listing found; a desired name missing there is looked up by name (only on
-    creation or when someone removed our labels), so the usual reconcile makes no extra request."""
-    out: dict[tuple[str, str, str], str] = {}
-    for obj in desired:
-        k = key(obj)
-        live = existing[k] if k in existing else get(api, obj)
-        if live is not None and not owned_by(live, uid):
-            out[k] = holder(live)
-    return out
 
 
 def api_message(e: client.ApiException) -> str:

@@ -3,8 +3,11 @@ the node names. handlers.py feeds it from kopf's watch streams; the reconcile re
 
 - Thread-safe: the watch handlers write from kopf's event loop, the reconcile workers read from their threads. Every
   read returns copies of the small dicts it hands out (never a live structure another thread may change).
-- Trimmed: a child or pod is kept only with the fields the reconcile reads (metadata it needs, a Deployment's
-  spec.replicas and status, a pod's nodeName and conditions), so 1,000 CRs x ~12 children stay a few MiB.
+- Trimmed, straight from kopf's body (no full copy first): a child or pod is kept only with the fields the reconcile
+  reads (name, uid, versions, our three labels, the hash annotation, owner references, other managers' entries
+  reduced to "annotations only, which" or "more"; a Deployment's spec.replicas, status counts and problem
+  conditions; a pod's node, phase, Ready and unschedulable conditions); a CR without managedFields and annotations.
+  Repeated strings are interned.
 - Write-through: what the operator itself applied, deleted or wrote as status goes in at once (`put_*` with the
   apiserver's answer), so the next reconcile does not act on a copy older than its own write. A watch event older
   than what is cached (a smaller integer resourceVersion; Kubernetes' are etcd revisions) is ignored.
@@ -17,6 +20,7 @@ the node names. handlers.py feeds it from kopf's watch streams; the reconcile re
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -52,48 +56,129 @@ def managed(obj: Mapping[str, Any]) -> bool:
     return labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY and contract.LABEL_INSTANCE in labels
 
 
+def _s(value: Any) -> Any:
+    """Strings that repeat across objects (label values, kinds, managers, condition types) are kept once."""
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+_LABELS = (contract.LABEL_MANAGED_BY, contract.LABEL_INSTANCE, contract.LABEL_COMPONENT)
+"""The only labels the reconcile reads (grouping, `managed`, a pod's role)."""
+OTHER_FIELDS: dict[str, Any] = {"f:(more than annotations)": {}}
+"""Stands for another manager's field set that sets more than annotations: all drift.touched_by_others needs."""
+
+
+def _labels(md: Mapping[str, Any]) -> dict[str, str]:
+    labels = md.get("labels") or {}
+    return {k: _s(labels[k]) for k in _LABELS if k in labels}
+
+
+def _fields(fields: Any) -> Any:
+    """Another manager's field set: kept only when it sets annotations and nothing else (their keys), else
+    OTHER_FIELDS (drift._annotations_only tells the two apart)."""
+    if not isinstance(fields, Mapping) or set(fields) != {"f:metadata"}:
+        return OTHER_FIELDS
+    meta = fields["f:metadata"]
+    if not isinstance(meta, Mapping) or set(meta) - {"f:annotations"}:
+        return OTHER_FIELDS
+    return {"f:metadata": {"f:annotations": {_s(str(k)): {} for k in meta.get("f:annotations") or {}}}}
+
+
 def _meta(md: Mapping[str, Any]) -> dict[str, Any]:
     ann = md.get("annotations") or {}
     out = {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "generation") if k in md}
-    out["labels"] = dict(md.get("labels") or {})
+    out["namespace"] = _s(out.get("namespace"))
+    out["labels"] = _labels(md)
     out["annotations"] = {k: v for k, v in ann.items() if k == contract.ANNOTATION_DESIRED_HASH}
-    out["ownerReferences"] = [dict(r) for r in md.get("ownerReferences") or []]
+    out["ownerReferences"] = [
+        {k: v if k == "uid" else _s(v) for k, v in r.items() if k != "blockOwnerDeletion"}
+        for r in md.get("ownerReferences") or []
+    ]
     if md.get("deletionTimestamp"):
         out["deletionTimestamp"] = md["deletionTimestamp"]
-    # managedFields on the main resource (not status/scale): ours without its (large) field set, others whole.
+    # managedFields on the main resource (not status/scale): ours without its field set, others' reduced (_fields).
     mf = []
     for e in md.get("managedFields") or []:
         if e.get("subresource"):
             continue
-        entry = {k: e.get(k) for k in ("manager", "operation", "time")}
+        entry = {k: _s(e.get(k)) for k in ("manager", "operation")}
+        entry["time"] = e.get("time")
         if e.get("manager") != contract.FIELD_MANAGER:
-            entry["fieldsV1"] = e.get("fieldsV1")
+            entry["fieldsV1"] = _fields(e.get("fieldsV1"))
         mf.append(entry)
     out["managedFields"] = mf
     return out
 
 
+_DEPLOYMENT_STATUS = ("replicas", "readyReplicas", "updatedReplicas", "availableReplicas", "observedGeneration")
+
+
+def _problem_conditions(conditions: Any) -> list[dict[str, Any]]:
+    """A Deployment's conditions that status.py reports (Progressing False, ReplicaFailure True); the rest are
+    the usual progress and take room."""
+    out = []
+    for c in conditions or []:
+        if (c.get("type"), c.get("status")) in (("Progressing", "False"), ("ReplicaFailure", "True")):
+            out.append({k: _s(c[k]) for k in ("type", "status", "reason", "message") if k in c})
+    return out
+
+
 def trim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What the reconcile reads of a child: metadata (ownership, hash, generation, managers), and for Deployments
-    spec.replicas + status (status.py)."""
-    out: dict[str, Any] = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind")}
+    spec.replicas + the status counts and problem conditions (status.py)."""
+    out: dict[str, Any] = {"apiVersion": _s(obj.get("apiVersion")), "kind": _s(obj.get("kind"))}
     out["metadata"] = _meta(obj.get("metadata") or {})
     if obj.get("kind") == "Deployment":
+        st = obj.get("status") or {}
         out["spec"] = {"replicas": (obj.get("spec") or {}).get("replicas")}
-        out["status"] = copy.deepcopy(dict(obj.get("status") or {}))
+        out["status"] = {k: st[k] for k in _DEPLOYMENT_STATUS if k in st}
+        problems = _problem_conditions(st.get("conditions"))
+        if problems:
+            out["status"]["conditions"] = problems
+    return out
+
+
+def _pod_conditions(conditions: Any) -> list[dict[str, Any]]:
+    """Ready (status.py, podevents.py) and an unschedulable PodScheduled (status.py) only."""
+    out = []
+    for c in conditions or []:
+        if c.get("type") == "Ready":
+            out.append({k: _s(c[k]) for k in ("type", "status") if k in c})
+        elif c.get("type") == "PodScheduled" and c.get("status") == "False":
+            out.append({k: _s(c[k]) for k in ("type", "status", "reason", "message") if k in c})
     return out
 
 
 def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What status.py and podevents.py read of a pod: name, uid, labels, deletion, node, phase and conditions."""
+    """What status.py and podevents.py read of a pod: name, uid, our labels, deletion, node, phase and the Ready
+    and unschedulable conditions."""
     md, sp, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     meta = {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp") if k in md}
-    meta["labels"] = dict(md.get("labels") or {})
+    meta["namespace"] = _s(meta.get("namespace"))
+    meta["labels"] = _labels(md)
+    node = sp.get("nodeName")
     return {
         "metadata": meta,
-        "spec": {"nodeName": sp.get("nodeName")} if sp.get("nodeName") else {},
-        "status": {"phase": st.get("phase"), "conditions": copy.deepcopy(list(st.get("conditions") or []))},
+        "spec": {"nodeName": _s(node)} if node else {},
+        "status": {"phase": _s(st.get("phase")), "conditions": _pod_conditions(st.get("conditions"))},
     }
+
+
+def trim_cr(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A CR as the reconcile reads it (a plain copy): all but metadata.managedFields and annotations (kubectl's
+    last-applied copy of the whole object would double it)."""
+    md = body.get("metadata") or {}
+    out = {k: _plain(v) for k, v in body.items() if k != "metadata"}
+    out["metadata"] = {k: _plain(v) for k, v in md.items() if k not in ("managedFields", "annotations")}
+    return out
+
+
+def _plain(x: Any) -> Any:
+    """A plain dict/list copy of a (kopf view of a) JSON value."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    return x
 
 
 def trim_event(ev: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,7 +226,7 @@ class Cache:
         with self._lock:
             if not newer_or_same(body, self._crs.get(key)):
                 return False
-            self._crs[key] = copy.deepcopy(dict(body))
+            self._crs[key] = trim_cr(body)
             self._instance[(key[0], instance)].add(key[1])
         return True
 

@@ -5,9 +5,9 @@ watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
 - Watches, not lists: kopf watches the CRs, every child kind the operator makes (apply.KINDS; PodMonitors only
   where served at startup) and the pods, filtered by the apiserver on the managed-by label; the kubelet's
   probe-failure Events, filtered by reason (podevents.EVENT_FIELD_SELECTOR); and the nodes where RBAC allows.
-  `@kopf.index` handlers put each object (trimmed) into `cache.Cache` first: kopf holds every other handler until
-  all indexed kinds finished their initial listing, so no reconcile sees a half-filled cache (no "create" of an
-  existing child after a restart). An object that loses the managed-by label arrives as DELETED.
+  `@kopf.index` handlers put each object (trimmed) into `cache.Cache` first (the one store: kopf's own indexes stay
+  empty): kopf holds every other handler until all indexed kinds finished their initial listing, so no reconcile
+  sees a half-filled cache (no "create" of an existing child after a restart). An object that loses the managed-by label arrives as DELETED.
 - One work queue (workqueue.py, client-go's semantics): `@kopf.on.event` handlers enqueue the (namespace, name) of
   the CR an event concerns: the CR itself, a child or pod by its instance label (a child also by its owner
   reference), a probe Event by its pod, the CRs with pods on a deleted node. A key waits at most once; one that
@@ -15,11 +15,13 @@ watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
   client is synchronous) converge keys; a transient API failure retries that key with backoff (0.5 s doubling to
   60 s); everything else ends in the CR's status, as before, and one CR's failure never stops another.
 - `converge`: parse -> build -> claim -> apply -> prune, then observe + write_report. Only what differs is written:
-  a child is applied when it is missing, its desired-hash annotation differs, or it drifted (drift.py: another
-  manager's newer field set, or a changed generation, then one GET and a field compare); the status only when it
-  differs from the stored one (compute_status has no always-changing field: lastTransitionTime moves only on a
-  transition); Events only on transitions (RiskySpec once per spec generation). A reconcile of a settled CR makes
-  no request at all; a child's status change reaches the CR's status in one reconcile.
+  a child the cache does not hold is created by one apply that only creates (apply.create: no GET first; a name
+  held by an object the operator does not watch answers 409, then one GET says who holds it); a child is applied
+  when its desired-hash annotation differs, or it drifted (drift.py: another manager's newer field set, or a
+  changed generation, then one GET and a field compare); the status only when it differs from the stored one
+  (compute_status has no always-changing field: lastTransitionTime moves only on a transition); Events only on
+  transitions (RiskySpec once per spec generation). A reconcile of a settled CR makes no request at all; a child's
+  status change reaches the CR's status in one reconcile.
 - The one thing no event announces is the deletion of an object without our label that holds a desired name
   (OwnershipConflict): such a CR is re-queued every settings.recheck_seconds (default 10 s) until it converges.
 - A slow safety resync (settings.resync_seconds, default 300 s) re-enqueues every cached CR (no list call); when
@@ -81,7 +83,7 @@ class Capabilities:
 
 
 _STATE: dict[str, Any] = {}
-"""The ApiClient and Capabilities set by `setup` (before kopf runs)."""
+"""The ApiClient and Capabilities set by `setup` (before kopf runs); the workers and the resync task."""
 
 
 def new_client() -> client.ApiClient:
@@ -133,6 +135,9 @@ def _caps() -> Capabilities:
 
 
 # --- watches -> cache + queue ----------------------------------------------------------------------------------------
+# Per watch event kopf calls the index handler (not on DELETED), then the event handler: the index handler stores
+# the object (trimmed straight from kopf's body, once), the event handler forgets a deleted one and queues the CRs
+# it concerns. The index handlers return nothing, so kopf's own indexes stay empty: the cache is the one store.
 def _plain(x: Any) -> Any:
     if isinstance(x, Mapping):
         return {str(k): _plain(v) for k, v in x.items()}
@@ -148,7 +153,7 @@ def _cr_key(body: Mapping[str, Any]) -> CRKey:
 
 @kopf.index(*RESOURCE, id="cache-crs")
 async def _index_cr(body: kopf.Body, **_: Any) -> None:
-    CACHE.put_cr(_plain(body), instance_label(str(body["metadata"]["name"])))
+    CACHE.put_cr(body, instance_label(str(body["metadata"]["name"])))
 
 
 @kopf.on.event(*RESOURCE, id="enqueue-crs")
@@ -158,7 +163,6 @@ async def _cr_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         CACHE.drop_cr(key, instance_label(key[1]))
         forget(key, str(body["metadata"].get("uid")))
         return
-    CACHE.put_cr(_plain(body), instance_label(key[1]))
     QUEUE.add(key)
 
 
@@ -177,47 +181,38 @@ def _owners(obj: Mapping[str, Any]) -> set[CRKey]:
 
 
 async def _index_child(body: kopf.Body, **_: Any) -> None:
-    CACHE.put_child(_plain(body))
+    CACHE.put_child(body)
 
 
 async def _child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-    obj = _plain(body)
     if type == "DELETED":
-        CACHE.drop_child(obj)
-        _CHECKED.pop(str(obj["metadata"].get("uid")), None)
-    else:
-        CACHE.put_child(obj)
-    for key in _owners(obj):
+        CACHE.drop_child(body)
+        _CHECKED.pop(str(body["metadata"].get("uid")), None)
+    for key in _owners(body):
         QUEUE.add(key)
 
 
 async def _index_pod(body: kopf.Body, **_: Any) -> None:
-    CACHE.put_pod(_plain(body))
+    CACHE.put_pod(body)
 
 
 async def _pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-    pod = _plain(body)
     if type == "DELETED":
-        CACHE.drop_pod(pod)
-    else:
-        CACHE.put_pod(pod)
-    for key in _owners(pod):
+        CACHE.drop_pod(body)
+    for key in _owners(body):
         QUEUE.add(key)
 
 
 async def _index_event(body: kopf.Body, **_: Any) -> None:
-    CACHE.put_event(_plain(body))
+    CACHE.put_event(body)
 
 
 async def _event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-    ev = _plain(body)
     if type == "DELETED":
-        CACHE.drop_event(ev)
+        CACHE.drop_event(body)
         return
-    if not CACHE.put_event(ev):
-        return  # about a pod that is not ours
-    group = CACHE.pod_group(str(ev["metadata"].get("namespace")), str((ev.get("involvedObject") or {}).get("name")))
-    if group is not None:
+    group = CACHE.pod_group(str(body["metadata"].get("namespace")), str((body.get("involvedObject") or {}).get("name")))
+    if group is not None:  # about one of our pods
         for key in CACHE.crs_of(*group):
             QUEUE.add(key)
 
@@ -299,6 +294,7 @@ class Run:
     desired: list[Manifest] = field(default_factory=list)
     ours: dict[Key, Manifest] = field(default_factory=dict)
     conflicts: dict[Key, str] = field(default_factory=dict)
+    absent: set[Key] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     actions: dict[Reason, list[str]] = field(default_factory=lambda: defaultdict(list))
     observed: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -382,24 +378,29 @@ def free_form_fields(cr: HybridPDDeployment) -> list[str]:
 
 
 def claim(run: Run) -> None:
-    """What this CR owns, and the desired names held by anything else (never taken over). From the cache; a desired
-    name the cache does not hold (not created yet, or an object without our labels) is read by name."""
+    """What this CR owns, the desired names another CR's child holds (never taken over), and the desired names the
+    cache does not hold at all (created only if nothing holds them: `create_child`). No request."""
     labelled = {k8s.key(e): e for e in run.cache.children(run.namespace, run.instance)}
     run.ours = {k: e for k, e in labelled.items() if k8s.owned_by(e, run.uid)}
-    known = dict(labelled)
     for obj in run.desired:
         k = k8s.key(obj)
-        if k not in known:
-            other = run.cache.child(run.namespace, *k)
-            if other is not None:
-                known[k] = other
-    run.conflicts = k8s.foreign(run.api, run.desired, known, run.uid)
-    if run.conflicts:
-        held = "; ".join(f"{kind} {name} exists and is {who}" for (_, kind, name), who in run.conflicts.items())
-        run.failure = Failure(
-            Reason.OWNERSHIP_CONFLICT,
-            f"{held}: left alone (rename this {contract.KIND} or delete that object); the other children are applied",
-        )
+        held = labelled.get(k) or run.cache.child(run.namespace, *k)
+        if held is None:
+            run.absent.add(k)
+        elif not k8s.owned_by(held, run.uid):
+            run.conflicts[k] = k8s.holder(held)
+    report_conflicts(run)
+
+
+def report_conflicts(run: Run) -> None:
+    """The OwnershipConflict failure naming every desired name held by something else (the rest is applied)."""
+    if not run.conflicts:
+        return
+    held = "; ".join(f"{kind} {name} exists and is {who}" for (_, kind, name), who in run.conflicts.items())
+    run.failure = Failure(
+        Reason.OWNERSHIP_CONFLICT,
+        f"{held}: left alone (rename this {contract.KIND} or delete that object); the other children are applied",
+    )
 
 
 _CHECKED: dict[str, tuple[str | None, int | None]] = {}
@@ -433,21 +434,47 @@ def needs_apply(run: Run, obj: Manifest, live: Manifest | None) -> str | None:
     return f"drifted at {where}"
 
 
+def create_child(run: Run, obj: Manifest) -> Manifest | None:
+    """Create a child the cache does not hold, in one request unless its name is taken; then read who holds it: our
+    own child (the watch has not delivered it yet) is applied as usual, anything else is a conflict (None)."""
+    for _ in range(2):  # the holder may be deleted between the create and the read: try once more
+        new = k8s.create(run.api, obj)
+        if new is not None:
+            return new
+        live = k8s.get(run.api, obj)
+        if live is None:
+            continue
+        if k8s.owned_by(live, run.uid):
+            return k8s.apply(run.api, obj)
+        run.conflicts[k8s.key(obj)] = k8s.holder(live)
+        return None
+    what = f"{obj['kind']} {obj['metadata']['name']}"
+    raise client.ApiException(status=409, reason="Conflict", body=f"{what} keeps being created and deleted by another")
+
+
 def apply_children(run: Run) -> None:
     """Server-side apply each desired child this CR may own that differs from what runs; a refused child is
     reported, the rest still applied."""
     refused: list[str] = []
+    conflicts = len(run.conflicts)
     for obj in run.desired:
         k = k8s.key(obj)
         if k in run.conflicts:
             continue
         what = f"{obj['kind']} {obj['metadata']['name']}"
         try:
-            why = needs_apply(run, obj, run.ours.get(k))
-            if why is None:
-                continue
-            log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
-            new = k8s.apply(run.api, obj)
+            if k in run.absent:
+                log.debug(f"{run.namespace}/{run.name}: create {what}")
+                created = create_child(run, obj)
+                if created is None:
+                    continue
+                new = created
+            else:
+                why = needs_apply(run, obj, run.ours.get(k))
+                if why is None:
+                    continue
+                log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
+                new = k8s.apply(run.api, obj)
         except client.ApiException as e:
             metrics.api_error("apply", e.status)
             if not k8s.refused(e):
@@ -460,6 +487,8 @@ def apply_children(run: Run) -> None:
         metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
         if action is not None:
             run.actions[action].append(what)
+    if len(run.conflicts) > conflicts:
+        report_conflicts(run)
     if refused:
         message = "the apiserver refused " + "; ".join(refused)
         run.failure = run.failure or Failure(Reason.APPLY_FAILED, message)
@@ -654,22 +683,23 @@ async def _resync_loop() -> None:
 
 
 @kopf.on.startup(id="workers")
-async def start_workers(memo: kopf.Memo, **_: Any) -> None:
-    """The reconcile workers (threads: the kubernetes client is synchronous) and the safety resync."""
+async def start_workers(**_: Any) -> None:
+    """The reconcile workers (threads: the kubernetes client is synchronous) and the safety resync. Kept in _STATE,
+    not in kopf's memo: kopf copies the memo into its memory of every watched object."""
     if "api" not in _STATE:
         raise kopf.PermanentError("start the operator with `python -m hpd_operator run` (it calls handlers.setup)")
     n = settings.current().workers
-    memo.workers = [
+    workers = [
         threading.Thread(target=worker, args=(_api(), QUEUE), name=f"reconcile-{i}", daemon=True) for i in range(n)
     ]
-    for t in memo.workers:
+    for t in workers:
         t.start()
-    memo.resync_task = asyncio.create_task(_resync_loop())
+    _STATE["workers"], _STATE["resync_task"] = workers, asyncio.create_task(_resync_loop())
 
 
 @kopf.on.cleanup(id="workers")
-async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("resync_task")
+async def stop_workers(**_: Any) -> None:
+    task = _STATE.get("resync_task")
     if task is not None:
         task.cancel()
     QUEUE.shutdown()

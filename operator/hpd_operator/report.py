@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client
 
@@ -79,16 +79,16 @@ def write_status(api: client.ApiClient, body: Mapping[str, Any], status: dict[st
     if not status_differs(body, status):
         return None
     md = body["metadata"]
+    path = (
+        f"/apis/{contract.GROUP}/{contract.VERSION}/namespaces/{md['namespace']}/{contract.PLURAL}/{md['name']}/status"
+    )
     try:
-        out = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            contract.GROUP, contract.VERSION, md["namespace"], contract.PLURAL, md["name"], {"status": status}
-        )
+        return k8s.send(api, "PATCH", path, {"status": status}, "application/merge-patch+json")
     except client.ApiException as e:
         metrics.api_error("status", e.status)
         if e.status != 404:  # the CR is gone: nothing to report on
             raise
         return None
-    return cast("dict[str, Any]", out)
 
 
 def event_name(body: Mapping[str, Any], type_: str, reason: str, message: str) -> str:
@@ -104,36 +104,38 @@ def event(api: client.ApiClient, body: Mapping[str, Any], type_: str, reason: st
     md = body["metadata"]
     message = message if len(message) <= MAX_EVENT_MESSAGE else message[: MAX_EVENT_MESSAGE - 3] + "..."
     name, ns = event_name(body, type_, reason, message), md["namespace"]
-    stamp = datetime.datetime.now(datetime.UTC)
-    core = client.CoreV1Api(api)
-    ev = client.CoreV1Event(
-        metadata=client.V1ObjectMeta(name=name, namespace=ns),
-        involved_object=client.V1ObjectReference(
-            api_version=body.get("apiVersion"),
-            kind=body.get("kind"),
-            name=md["name"],
-            namespace=ns,
-            uid=md.get("uid"),
-            resource_version=md.get("resourceVersion"),
-        ),
-        type=type_,
-        reason=reason,
-        message=message,
-        source=client.V1EventSource(component=contract.MANAGED_BY),
-        reporting_component=contract.MANAGED_BY,
-        reporting_instance=contract.MANAGED_BY,
-        first_timestamp=stamp,
-        last_timestamp=stamp,
-        count=1,
-    )
+    stamp = now()
+    ev = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": ns},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": md["name"],
+            "namespace": ns,
+            "uid": md.get("uid"),
+            "resourceVersion": md.get("resourceVersion"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message,
+        "source": {"component": contract.MANAGED_BY},
+        "reportingComponent": contract.MANAGED_BY,
+        "reportingInstance": contract.MANAGED_BY,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    path = f"/api/v1/namespaces/{ns}/events"
     try:
         try:
-            core.create_namespaced_event(ns, ev)
+            k8s.send(api, "POST", path, ev)
         except client.ApiException as e:
             if e.status != 409:
                 raise
-            old = core.read_namespaced_event(name, ns)
-            patch = {"count": (old.count or 1) + 1, "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ")}
-            core.patch_namespaced_event(name, ns, patch)
+            old = k8s.read(api, f"{path}/{name}")
+            patch = {"count": int(old.get("count") or 1) + 1, "lastTimestamp": stamp}
+            k8s.send(api, "PATCH", f"{path}/{name}", patch, "application/merge-patch+json")
     except client.ApiException as e:
         metrics.api_error("event", e.status)

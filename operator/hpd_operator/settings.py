@@ -26,8 +26,9 @@ Decisions:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -71,12 +72,27 @@ def current() -> OperatorConfig:
     return _CURRENT[0]
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No "last-handled" essence: kopf builds one (a deep copy of the body) on every watch event for its
+    on.create/update/field handlers; the operator has none (index and event handlers only), so nothing is built,
+    read or stored, which saves a copy of every event's object."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return cast("kopf.BodyEssence", {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup(id="settings")
 def configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # Our own annotations (not kopf.zalando.org/*) for handler progress and the last-handled spec (crate).
-    # Annotations, not status: status has a structural schema and would prune kopf's keys.
+    # Our own annotations (not kopf.zalando.org/*) for handler progress, were kopf ever to write it (it does not:
+    # index and event handlers only). Annotations, not status: status has a structural schema and would prune them.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=contract.GROUP)
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.persistence.finalizer = f"{contract.GROUP}/finalizer"  # never added: we register no delete handler
     # Watches must end server-side or they can hang silently on a dead connection (kopf #698; dask's values).
     settings.watching.server_timeout = 120

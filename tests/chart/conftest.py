@@ -110,7 +110,7 @@ def operator_image() -> str:
 
 @pytest.fixture()
 def start_operator(
-    operator_image: str, tmp_path: Path, request: pytest.FixtureRequest
+    operator_image: str, tmp_path: Path, operator_logs: list[Path]
 ) -> Iterator[Callable[[Path, list[str]], OperatorProcess]]:
     """start(kubeconfig, args) runs the operator FROM ITS IMAGE with exactly `args` (the chart's Deployment args)
     except its two ports: liveness off, metrics on a free loopback port (host network). Stopped at teardown; its
@@ -121,6 +121,7 @@ def start_operator(
         port = free_port()
         keep = [a for a in args if not a.startswith(("--liveness-port", "--metrics-port"))]
         log = tmp_path / f"operator-{len(started)}.log"
+        operator_logs.append(log)
         with log.open("ab") as f:
             proc = subprocess.Popen(
                 operator_argv(operator_image, [*keep, "--liveness-port=0", f"--metrics-port={port}"], kubeconfig),
@@ -135,10 +136,6 @@ def start_operator(
     yield start
     for op in started:
         op.stop()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed:
-        for op in started:
-            print(f"--- operator log ({op.log}) ---\n" + op.log_text()[-20000:])
 
 
 @pytest.fixture()

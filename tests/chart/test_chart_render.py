@@ -69,6 +69,8 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
         "--liveness-port=8080",
         "--metrics-port=9090",
         "--resync-seconds=300",
+        "--workers=4",
+        "--recheck-seconds=10",
         f"--vllm-image={c.VLLM_IMAGE_TEMPLATE}",
         f"--router-image={c.DEFAULT_ROUTER_IMAGE}",
     ]  # no --namespace: every namespace
@@ -79,6 +81,15 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "hpd-hybrid-pd-operator", "namespace": "hpd-system"}]
     crd = find(docs, "CustomResourceDefinition", CRD_NAME)
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_workers_and_recheck_seconds_reach_the_operators_own_arguments(helm: Helm) -> None:
+    from hpd_operator.__main__ import build_parser
+
+    args = container(helm.template("--set", "operator.workers=12", "--set-json", "operator.recheckSeconds=2.5"))["args"]
+    assert "--workers=12" in args and "--recheck-seconds=2.5" in args
+    ns = build_parser().parse_args(["run", *args])  # what `python -m hpd_operator run` makes of them
+    assert (ns.workers, ns.recheck_seconds, ns.resync_seconds) == (12, 2.5, 300.0)
 
 
 def test_all_toggles_render_namespaced_rbac_only_in_watched_namespaces(helm: Helm) -> None:

@@ -65,12 +65,10 @@ class Operator:
 
 @pytest.fixture()
 def operator(
-    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, operator_logs: list[Path]
 ) -> Iterator[Operator]:
     op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    operator_logs.append(op.log)
     op.start()
     yield op
     op.stop()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed:
-        print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])

@@ -90,11 +90,11 @@ def arg(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
 
-def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
-    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+def child_listers(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
+    """Kind -> the namespaced list call, for every child kind the operator makes here (PodMonitors are not served)."""
     core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
     pol, net = client.PolicyV1Api(api), client.NetworkingV1Api(api)
-    listers: dict[str, Callable[..., Any]] = {
+    return {
         "Deployment": apps.list_namespaced_deployment,
         "Service": core.list_namespaced_service,
         "ServiceAccount": core.list_namespaced_service_account,
@@ -103,7 +103,11 @@ def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
         "PodDisruptionBudget": pol.list_namespaced_pod_disruption_budget,
         "NetworkPolicy": net.list_namespaced_network_policy,
     }
-    return {k: sorted(o.metadata.name for o in f(ns, label_selector=sel).items) for k, f in listers.items()}
+
+
+def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
+    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    return {k: sorted(o.metadata.name for o in f(ns, label_selector=sel).items) for k, f in child_listers(api).items()}
 
 
 EXPECTED = {

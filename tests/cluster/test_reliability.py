@@ -28,7 +28,24 @@ from hpd_operator.render import render
 from hpd_runtime import contract
 
 from .conftest import Operator
-from .kube import G, P, T, V, children, cond, create, deployment, expected, get_cr, hold, patch_spec, seed, wait_cr
+from .kube import (
+    EXPECTED,
+    G,
+    P,
+    T,
+    V,
+    child_listers,
+    children,
+    cond,
+    create,
+    deployment,
+    expected,
+    get_cr,
+    hold,
+    patch_spec,
+    seed,
+    wait_cr,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +54,7 @@ QUIET_RESYNC = "3600"
 POOL_LABEL = "hybridpd.test/pool"
 TAINT = {"key": "hybridpd.test/drill", "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": "hybridpd.test/drill", "operator": "Exists", "effect": "NoSchedule"}
-CHILD_KINDS = ("Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget", "NetworkPolicy")
+CHILD_KINDS = tuple(EXPECTED)
 
 
 def record(drill: str, **figures: float | int | str) -> None:
@@ -94,13 +111,14 @@ def nodes(devcluster: cluster.ClusterState, api_client: client.ApiClient) -> Ite
 
 @pytest.fixture()
 def make_operator(
-    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, operator_logs: list[Path]
 ) -> Iterator[Callable[[str], Operator]]:
     """Start operators with a chosen resync interval; all stopped at the end, their logs printed if the test failed."""
     started: list[Operator] = []
 
     def start(resync: str) -> Operator:
         op = Operator(kubeconfig, namespace, tmp_path / f"operator-{len(started)}.log", resync=resync)
+        operator_logs.append(op.log)
         op.start()
         started.append(op)
         return op
@@ -108,10 +126,6 @@ def make_operator(
     yield start
     for op in started:
         op.stop()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is None or rep.failed:
-        for op in started:
-            print(f"--- operator log ({op.log}) ---\n" + op.log.read_text(errors="replace")[-20000:])
 
 
 def wait_ready_node(api: client.ApiClient, name: str) -> None:
@@ -293,19 +307,8 @@ def status_mismatches(name: str, cr: dict[str, Any], spec: dict[str, Any] | None
 def children_in(api: client.ApiClient, ns: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Every object of the child kinds labelled managed-by us, by (kind, instance label)."""
     sel = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-    core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
-    pol, net = client.PolicyV1Api(api), client.NetworkingV1Api(api)
-    listers: dict[str, Callable[..., Any]] = {
-        "Deployment": apps.list_namespaced_deployment,
-        "Service": core.list_namespaced_service,
-        "ServiceAccount": core.list_namespaced_service_account,
-        "Role": rbac.list_namespaced_role,
-        "RoleBinding": rbac.list_namespaced_role_binding,
-        "PodDisruptionBudget": pol.list_namespaced_pod_disruption_budget,
-        "NetworkPolicy": net.list_namespaced_network_policy,
-    }
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for kind, lister in listers.items():
+    for kind, lister in child_listers(api).items():
         for o in lister(ns, label_selector=sel).items:
             d = api.sanitize_for_serialization(o)
             out[(kind, d["metadata"]["labels"].get(contract.LABEL_INSTANCE, ""))].append(d)

@@ -53,12 +53,13 @@ def sweep_operator(
     kubeconfig: Path,
     namespace: str,
     tmp_path: Path,
+    operator_logs: list[Path],
 ) -> Iterator[Operator]:
     op = Operator(kubeconfig, namespace, tmp_path / "operator.log", resync=str(RESYNC))
+    operator_logs.append(op.log)
     op.start()
     yield op
     op.stop()
-    print(f"--- operator log ({op.log}), last lines ---\n" + op.log.read_text(errors="replace")[-6000:])
 
 
 @dataclass
