@@ -86,6 +86,36 @@ class Nodes:
         cluster.delete_node(self.state, name)
 
 
+def scheduler_sees_cordon(core: client.CoreV1Api, ns: str, pool: str) -> None:
+    """The scheduler reads a cordon from its informer: a pod created right after the patch can still land on the
+    node (it did once in CI, and kwok then made the "held" replacement Ready at once). A sentinel pod for the same
+    pool reported Unschedulable proves the scheduler's cache has the cordon; one scheduled before that is retried."""
+
+    def unschedulable_sentinel() -> bool:
+        name = f"sentinel-{uuid.uuid4().hex[:6]}"
+        spec = {"nodeSelector": {POOL_LABEL: pool}, "tolerations": [TOLERATION], "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "c", "image": "sentinel"}]}  # fmt: skip
+        core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+        try:
+
+            def decided() -> str:
+                pod = core.read_namespaced_pod(name, ns)
+                if pod.spec.node_name:
+                    return "scheduled"
+                conds = pod.status.conditions or []
+                return (
+                    "unschedulable"
+                    if any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds)
+                    else ""
+                )
+
+            return bool(wait_for(decided, T, what=f"the scheduler's verdict on {name}") == "unschedulable")
+        finally:
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+    wait_for(unschedulable_sentinel, 3 * T, interval=0.2, what=f"the scheduler to see the cordon of pool {pool}")
+
+
 def place(spec: dict[str, Any], role: str, pool: str) -> None:
     """Put `role`'s pods on the drill nodes labelled `pool` (and only there)."""
     spec[role]["nodeSelector"] = {POOL_LABEL: pool}
@@ -589,6 +619,7 @@ def test_a_replaced_prefill_pod_moves_status_and_leaves_decode_pods_alone(
     # gap a real new prefill pod spends loading and warming up) until the test lets it schedule
     core = client.CoreV1Api(api_client)
     core.patch_node(host, {"spec": {"unschedulable": True}})
+    scheduler_sees_cordon(core, ns, pool)
     core.delete_namespaced_pod(old.metadata.name, ns)
     cr = wait_cr(api_client, ns, name, lambda c: cond(c, "PrefillReady").get("status") == "False", "PrefillReady=False")
     ready = cond(cr, "Ready")
