@@ -167,17 +167,17 @@ def trim_cr(body: Mapping[str, Any]) -> dict[str, Any]:
     """A CR as the reconcile reads it (a plain copy): all but metadata.managedFields and annotations (kubectl's
     last-applied copy of the whole object would double it)."""
     md = body.get("metadata") or {}
-    out = {k: _plain(v) for k, v in body.items() if k != "metadata"}
-    out["metadata"] = {k: _plain(v) for k, v in md.items() if k not in ("managedFields", "annotations")}
+    out = {k: plain(v) for k, v in body.items() if k != "metadata"}
+    out["metadata"] = {k: plain(v) for k, v in md.items() if k not in ("managedFields", "annotations")}
     return out
 
 
-def _plain(x: Any) -> Any:
+def plain(x: Any) -> Any:
     """A plain dict/list copy of a (kopf view of a) JSON value."""
     if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
+        return [plain(v) for v in x]
     return x
 
 

@@ -56,7 +56,7 @@ from hpd_operator import apply as k8s
 from hpd_operator import drift, metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders import Manifest, build_all, instance_label
-from hpd_operator.cache import Cache, CRKey
+from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
@@ -138,14 +138,6 @@ def _caps() -> Capabilities:
 # Per watch event kopf calls the index handler (not on DELETED), then the event handler: the index handler stores
 # the object (trimmed straight from kopf's body, once), the event handler forgets a deleted one and queues the CRs
 # it concerns. The index handlers return nothing, so kopf's own indexes stay empty: the cache is the one store.
-def _plain(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
-    return x
-
-
 def _cr_key(body: Mapping[str, Any]) -> CRKey:
     md = body.get("metadata") or {}
     return str(md.get("namespace")), str(md.get("name"))
@@ -277,7 +269,7 @@ def _cr_object(body: Mapping[str, Any]) -> dict[str, Any]:
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
         "metadata": {"name": md.get("name"), "namespace": md.get("namespace")},
-        "spec": _plain(body.get("spec", {})),
+        "spec": plain(body.get("spec", {})),
     }
 
 
