@@ -194,6 +194,21 @@ def test_prefill_without_kv_transfer_params_fails_the_pair_check(start_fake: Cal
     assert all("kv_transfer_params" not in r["body"] for r in decode.requests())  # decode never got a pair request
 
 
+def test_a_request_cut_short_by_the_deadline_keeps_the_earlier_reason(start_fake: Callable[..., Fake]) -> None:
+    """The last pair attempt starts with less time left than prefill takes to answer: its timeout is the deadline's,
+    so the reason still names what failed before (the suite once saw "timed out" here instead, under load)."""
+    prefill, decode = start_fake("--fail", "no-kv-params", "--completion-delay", "1.5"), start_fake()
+    cfg = cfg_for(
+        decode.port,
+        **{c.ENV_WARMUP_PAIR_CHECK: "1", c.ENV_PREFILL_SERVICE: "p", c.ENV_WARMUP_TIMEOUT_SECONDS: "5"},
+    )
+    ok, state = run_warmup(cfg, lambda s, p: [(LOOPBACK, prefill.port)])
+    assert not ok
+    _, reason = state.snapshot()
+    assert reason.startswith("timed out after 5 s") and reason.endswith("prefill returned no kv_transfer_params")
+    assert len(prefill.requests()) >= 2, "the deadline must have cut a second attempt short"
+
+
 def test_a_4xx_from_local_vllm_fails_at_once(start_fake: Callable[..., Fake]) -> None:
     fake = start_fake("--fail", "bad-request")
     ok, state = run_warmup(cfg_for(fake.port, **{c.ENV_WARMUP_TIMEOUT_SECONDS: "600"}))

@@ -101,6 +101,8 @@ class PairChecker:
         try:
             resp = request("POST", url + "/v1/completions", body, {"X-Request-Id": rid}, timeout=t)
         except RequestError as e:
+            if self.timeout() <= 0:  # cut short by the deadline: the retry loop keeps the earlier cause
+                raise PairTransportError(f"{kind}: {e}; deadline reached") from e
             raise PairTransportError(f"{kind}: {e}") from e
         log_event("pair_request", kind=kind, prompt_tokens=len(body["prompt"]), status=resp.status,
                   seconds=round(time.monotonic() - t0, 4))  # fmt: skip

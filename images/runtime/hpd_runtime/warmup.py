@@ -258,7 +258,8 @@ class Warmup:
             if resp.status != 200:
                 error = f"HTTP {resp.status}: {str(resp.body)[:300]}"
         except RequestError as e:
-            error = str(e)
+            # cut short by the deadline: "...deadline reached" lets the retry loop keep the earlier cause, if any
+            error = str(e) if self.remaining() > 0 else f"{e}; warmup deadline reached"
         seconds = time.monotonic() - t0
         outcome = "ok" if error is None else "error"
         m = self.state.metrics
