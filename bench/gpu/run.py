@@ -22,6 +22,8 @@ One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart
            reason recorded; P->D vs colocated outputs through the router for the record.
 A plan item `CR@no-block-size:steps` runs CR's rendered argv with `--block-size N` removed from both roles (an
 experiment: what vLLM does with its own sizes where the operator asks for spec.blockSize); the JSON records it.
+`CR@gemm-warmup:steps` turns on hpd_runtime.gemm_warmup (the vLLM plugin that warms every GEMM row count before
+Ready; off unless asked for) in both roles; `gemm_warmup_log` records its lines.
 
 Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first on one host (a TP=1 role takes the
 first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from hpd_runtime import contract, paircheck
+from hpd_runtime.gemm_warmup import LOG_PREFIX as GEMM_WARMUP_LINE
 
 HERE = Path(__file__).resolve().parent
 AUTOTUNE_LINE = "Triton autotuning for function"
@@ -177,6 +180,22 @@ def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cac
             env["PYTHONPATH"] = os.pathsep.join([VLLM_SITES[version], *rest])
         roles[name] = Role(name, [*ctr["command"], *args], env, tp)
     return roles
+
+
+def enable_gemm_warmup(role: Role, work: Path) -> str:
+    """The @gemm-warmup experiment: hpd_runtime.gemm_warmup on (the vLLM plugin that warms every GEMM row count).
+    vLLM finds plugins only through installed entry points; the image installs the wheel, here a dist-info
+    directory on the role's PYTHONPATH declares the same entry point as pyproject.toml."""
+    dist = work / "gemm-warmup-plugin" / "hpd_gemm_warmup_bench-0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hpd-gemm-warmup-bench\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nhpd_gemm_warmup = hpd_runtime.gemm_warmup:register\n"
+    )
+    rest = [x for x in role.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if x]
+    role.env["PYTHONPATH"] = os.pathsep.join([str(dist.parent), *rest])
+    role.env[contract.ENV_GEMM_WARMUP_TOKENS] = "auto"
+    return f"{contract.ENV_GEMM_WARMUP_TOKENS}=auto, entry point from {dist}"
 
 
 def drop_flag(role: Role, flag: str) -> bool:
@@ -599,8 +618,10 @@ def run_step(
     res: dict[str, Any] = {}
     if variant == "no-block-size":
         res["experiment"] = {n: f"--block-size removed: {drop_flag(r, '--block-size')}" for n, r in roles.items()}
+    elif variant == "gemm-warmup":
+        res["experiment"] = {n: enable_gemm_warmup(r, args.work) for n, r in roles.items()}
     elif variant:
-        raise SystemExit(f"unknown plan variant @{variant} (known: @no-block-size)")
+        raise SystemExit(f"unknown plan variant @{variant} (known: @no-block-size, @gemm-warmup)")
     served = roles["decode"].argv[roles["decode"].argv.index("--served-model-name") + 1]
     res.update({"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}})
     while key in report["runs"]:  # the same CR again in one plan (e.g. cold, then warm on the same cache)
@@ -638,6 +659,8 @@ def run_step(
                                                   for n, r in roles.items()}  # fmt: skip
             res["jit_monitor_lines_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(JIT_LINE)
                                                     for n, r in roles.items()}  # fmt: skip
+            res["gemm_warmup_log"] = {n: [ln.strip() for ln in log_text(r).splitlines() if GEMM_WARMUP_LINE in ln][-4:]
+                                      for n, r in roles.items()}  # fmt: skip
             # the first P->D request through a *fresh* router, once vLLM has served the router: tells the router's own
             # first-request cost (again slow) from a one-time cost in vLLM (now fast); measured 0.5-0.7 s on 2026-11-29
             router.stop()

@@ -21,6 +21,11 @@ def test_wheel_has_no_devcluster_harness(wheel: zipfile.ZipFile) -> None:
     assert not [n for n in names if n.startswith("hpd_devcluster")], "hpd_devcluster is in the wheel"
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "hpd_devcluster" not in wheel.read(entry_points).decode()
+    # the GEMM warmup is a vLLM general plugin: vLLM finds it only through this entry point of the installed wheel
+    assert (
+        "[vllm.general_plugins]\nhpd_gemm_warmup = hpd_runtime.gemm_warmup:register"
+        in wheel.read(entry_points).decode()
+    )
     (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
     assert wheel.read(top_level).decode().split() == ["hpd_operator", "hpd_runtime"]
 

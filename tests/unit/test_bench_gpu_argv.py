@@ -119,3 +119,28 @@ def test_shape_lengths_are_unseen_and_control_lengths_warmed_by_the_runtimes_own
     sent = {len(p.tokens) for p in (*plan.sequential, *plan.concurrent, *plan.shapes, *plan.batch)}
     assert not sent & set(run.SHAPE_LENGTHS), "a 'never seen' length is in the warmup plan"
     assert set(run.CONTROL_LENGTHS) <= {len(p.tokens) for p in plan.shapes}, "a control length is not warmed"
+
+
+def test_gemm_warmup_variant_makes_the_plugin_discoverable_to_vllm(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """@gemm-warmup: each role's env turns the plugin on, and the PYTHONPATH it gets declares the entry point that vLLM's
+    plugin loader (importlib.metadata, group vllm.general_plugins) finds and loads: hpd_runtime.gemm_warmup.register."""
+    from hpd_runtime import contract, gemm_warmup
+
+    roles = run.role_commands(rendered, "tiny-eager", tmp_path / "model", tmp_path / "cache")
+    for role in roles.values():
+        run.enable_gemm_warmup(role, tmp_path)
+        assert role.env[contract.ENV_GEMM_WARMUP_TOKENS] == "auto"
+        assert gemm_warmup.requested_tokens(role.env) == 0  # 0: up to the scheduler's max_num_batched_tokens
+        probe = (
+            "import importlib.metadata as m, json;"
+            "eps = [e for e in m.entry_points(group='vllm.general_plugins')];"
+            "print(json.dumps([[e.name, e.value, e.load().__module__ + '.' + e.load().__name__] for e in eps]))"
+        )
+        # -S and cwd: no site-packages and no repo-root egg-info, so only what PYTHONPATH declares is found
+        env = {"PYTHONPATH": role.env["PYTHONPATH"] + ":" + str(REPO / "images" / "runtime"), "PATH": "/usr/bin:/bin"}
+        out = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
+                             check=True, env=env, cwd=tmp_path)  # fmt: skip
+        found = [e for e in json.loads(out.stdout) if e[0] == "hpd_gemm_warmup"]
+        assert found == [["hpd_gemm_warmup", "hpd_runtime.gemm_warmup:register", "hpd_runtime.gemm_warmup.register"]]

@@ -118,11 +118,17 @@ ENV_TRITON_STABLE_DIR: Final = "HPD_TRITON_STABLE_DIR"
 """Set by `launch` for the vLLM process tree: the keyed directory hpd_runtime.triton_cache writes to."""
 ENV_CACHE_KEY: Final = "HPD_CACHE_KEY"
 """Set by `launch` for the vLLM process tree (informational): the computed cache key."""
+ENV_GEMM_WARMUP_TOKENS: Final = "HPD_GEMM_WARMUP_TOKENS"
+"""Read by the vLLM plugin hpd_runtime.gemm_warmup in vLLM's worker: warm every GEMM row count 1..N before Ready
+(`auto`: N = max_num_batched_tokens). Unset: off. Not set by the operator yet (bench/gpu measures it first)."""
+ENV_GEMM_WARMUP_SECONDS: Final = "HPD_GEMM_WARMUP_SECONDS"
+"""Upper bound on the GEMM row-count sweep (seconds; default GEMM_WARMUP_SECONDS_DEFAULT)."""
 
 # --- Runtime defaults ---------------------------------------------------------------------------------------------
 SSD_CHUNK_SIZE_DEFAULT: Final = 256
 WARMUP_CONCURRENCY_DEFAULT: Final = 4
 WARMUP_TIMEOUT_SECONDS_DEFAULT: Final = 900
+GEMM_WARMUP_SECONDS_DEFAULT: Final = 300
 """Also the CRD default of spec.warmup.timeoutSeconds (api/constants.py takes both warmup defaults from here)."""
 WARMUP_MAX_TOKENS_DEFAULT: Final = 4
 PAIR_RECHECK_SECONDS_DEFAULT: Final = 10.0
