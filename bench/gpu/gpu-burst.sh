@@ -45,7 +45,7 @@ print("==", sys.argv[1], rep.get("lane"))
 for cr, x in rep["runs"].items():
     print(cr, "error:", x.get("error"), "times:", x.get("times"), "seconds:", x.get("seconds"), x.get("experiment", ""))
     pc = x.get("pd_vs_colocated") or {}
-    print("  P->D: identical", pc.get("identical"), "within check", pc.get("within_output_check"), "largest gap", pc.get("largest_gap_nats"))
+    print("  P->D: identical", pc.get("identical"), "within bound", pc.get("within_bound"), "within check (needs usage details)", pc.get("within_output_check"), "largest gap", pc.get("largest_gap_nats"))
     print("  first_request:", {k: v.get("first_over_steady") for k, v in (x.get("first_request") or {}).items()})
     print("  pair_check_at_ready:", [(p.get("ok"), p.get("summary")) for p in x.get("pair_check_at_ready", [])][:2])
     s = x.get("shapes") or {}
