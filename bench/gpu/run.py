@@ -176,10 +176,15 @@ def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cac
             env[contract.ENV_PREFILL_RUNTIME_PORT] = str(PORTS["prefill"]["runtime"])
         version = str(ctr.get("image", "")).rpartition(":")[2]
         if version in VLLM_SITES:
-            rest = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
-            env["PYTHONPATH"] = os.pathsep.join([VLLM_SITES[version], *rest])
+            prepend_pythonpath(env, VLLM_SITES[version])
         roles[name] = Role(name, [*ctr["command"], *args], env, tp)
     return roles
+
+
+def prepend_pythonpath(env: dict[str, str], entry: str) -> None:
+    """Put `entry` first on the role's PYTHONPATH (its own, else this process's)."""
+    rest = [x for x in env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if x]
+    env["PYTHONPATH"] = os.pathsep.join([entry, *rest])
 
 
 def enable_gemm_warmup(role: Role, work: Path) -> str:
@@ -192,8 +197,7 @@ def enable_gemm_warmup(role: Role, work: Path) -> str:
     (dist / "entry_points.txt").write_text(
         "[vllm.general_plugins]\nhpd_gemm_warmup = hpd_runtime.gemm_warmup:register\n"
     )
-    rest = [x for x in role.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if x]
-    role.env["PYTHONPATH"] = os.pathsep.join([str(dist.parent), *rest])
+    prepend_pythonpath(role.env, str(dist.parent))
     role.env[contract.ENV_GEMM_WARMUP_TOKENS] = "auto"
     return f"{contract.ENV_GEMM_WARMUP_TOKENS}=auto, entry point from {dist}"
 

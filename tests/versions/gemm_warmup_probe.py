@@ -1,6 +1,7 @@
 """Run with a vLLM parser venv's python (PYTHONPATH=images/runtime): hpd_runtime.gemm_warmup against real vLLM on the
 CPU. Prints one JSON object. argv[1]: `after` (the plugin registers before vLLM imports its GPU worker, as in a
-worker process) or `before` (the worker module is already imported when the plugin registers)."""
+worker process) or `before` (the worker module is already imported when the plugin registers). argv[2]: a path for the
+one-rank gloo group's file store."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from vllm.distributed import init_distributed_environment, initialize_model_para
 from vllm.model_executor.layers import linear  # noqa: E402
 
 with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-    init_distributed_environment(1, 0, f"tcp://127.0.0.1:{sys.argv[2]}", 0, backend="gloo")
+    init_distributed_environment(1, 0, f"file://{sys.argv[2]}", 0, backend="gloo")  # one rank, no port
     initialize_model_parallel(1, 1)
     model = torch.nn.Module()
     dt = torch.float32

@@ -2,13 +2,12 @@
 vLLM of each supported version, on the CPU (the `vllm_parser` tier's venvs): the worker still calls the function the
 plugin wraps, the wrap lands whether or not the worker module was imported first, the API server process is left
 alone, and the sweep runs vLLM's own linear methods once per distinct GEMM at every row count. Whether it removes the
-first-request cost at new prompt lengths is a GPU question: bench/gpu (run.py --gemm-warmup)."""
+first-request cost at new prompt lengths is a GPU question: bench/gpu (the `CR@gemm-warmup` plan variant of run.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -31,16 +30,10 @@ def versions() -> tuple[str, ...]:
     return VERSIONS
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def probe(version: str, order: str) -> dict[str, object]:
+def probe(version: str, order: str, tmp: Path) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(RUNTIME), "VLLM_LOGGING_LEVEL": "ERROR"}
     proc = subprocess.run(
-        [str(parser_python(version)), str(HERE / "gemm_warmup_probe.py"), order, str(free_port())],
+        [str(parser_python(version)), str(HERE / "gemm_warmup_probe.py"), order, str(tmp / "gloo-store")],
         check=False, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, f"probe failed under vLLM {version}:\n{proc.stderr[-4000:]}"
@@ -48,8 +41,8 @@ def probe(version: str, order: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("version", versions())
-def test_plugin_wraps_kernel_warmup_and_sweeps_every_row_count(version: str) -> None:
-    out = probe(version, "after")
+def test_plugin_wraps_kernel_warmup_and_sweeps_every_row_count(version: str, tmp_path: Path) -> None:
+    out = probe(version, "after", tmp_path)
     assert out["worker_imports_kernel_warmup"] and out["worker_calls_kernel_warmup"], out
     assert out["api_server_untouched"], "the plugin imported vLLM model code in the API server process"
     assert out["kernel_warmup_wrapped"] and out["worker_binding_wrapped"] and out["wrapped_once"], out
@@ -64,6 +57,6 @@ def test_plugin_wraps_kernel_warmup_and_sweeps_every_row_count(version: str) -> 
     assert "done: 5 GEMM shapes x row counts 1..48" in str(out["log"]), out["log"]
 
 
-def test_plugin_patches_a_worker_module_imported_before_it() -> None:
-    out = probe(versions()[-1], "before")
+def test_plugin_patches_a_worker_module_imported_before_it(tmp_path: Path) -> None:
+    out = probe(versions()[-1], "before", tmp_path)
     assert out["kernel_warmup_wrapped"] and out["worker_binding_wrapped"], out

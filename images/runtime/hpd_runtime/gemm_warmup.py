@@ -22,11 +22,13 @@ wrong is printed and skipped: this plugin never stops vLLM from starting. Its pr
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .contract import ENV_GEMM_WARMUP_SECONDS, ENV_GEMM_WARMUP_TOKENS, GEMM_WARMUP_SECONDS_DEFAULT
@@ -63,8 +65,6 @@ def register() -> None:
         # the API server: it never runs the model; do not import model code there
         return
     try:
-        import importlib
-
         module = importlib.import_module(KERNEL_WARMUP_MODULE)
     except Exception as e:  # a vLLM without this module: say so, serve anyway
         say(f"not installed: cannot import {KERNEL_WARMUP_MODULE} ({type(e).__name__}: {e})")
@@ -100,27 +100,27 @@ def warm_worker(worker: Any) -> None:
         seconds = float(os.environ.get(ENV_GEMM_WARMUP_SECONDS, GEMM_WARMUP_SECONDS_DEFAULT))
         from vllm.model_executor.layers.linear import LinearBase
 
-        targets = distinct_linear_calls(
-            (m for m in model.modules() if isinstance(m, LinearBase)), dtype=dtype, device=None
-        )
+        targets = distinct_linear_calls(m for m in model.modules() if isinstance(m, LinearBase))
         with torch.inference_mode():
-            report = sweep(targets, rows, deadline=time.monotonic() + seconds)
+            report = sweep(targets, rows, dtype, deadline=time.monotonic() + seconds)
         say(report)
     except Exception as e:  # never fail vLLM's startup over a warmup
         say(f"skipped after {type(e).__name__}: {e}")
 
 
+@dataclass(frozen=True)
 class LinearCall:
     """One distinct GEMM of the model: a linear layer's own method applied to an input of K columns."""
 
-    def __init__(self, layer: Any, k: int, bias: Any, dtype: Any, device: Any) -> None:
-        self.layer, self.k, self.bias, self.dtype, self.device = layer, k, bias, dtype, device
+    layer: Any
+    k: int
+    bias: Any
 
     def __call__(self, x: Any) -> Any:
         return self.layer.quant_method.apply(self.layer, x, self.bias)
 
 
-def distinct_linear_calls(layers: Iterable[Any], dtype: Any, device: Any) -> list[LinearCall]:
+def distinct_linear_calls(layers: Iterable[Any]) -> list[LinearCall]:
     """One call per distinct (method, input width, weight shape/dtype, bias or not): the same GEMM shape in 30 layers
     is warmed once. A layer with a bias is warmed with and without it (row-parallel layers add the bias on rank 0 only;
     addmm and mm are different cuBLAS calls)."""
@@ -138,21 +138,22 @@ def distinct_linear_calls(layers: Iterable[Any], dtype: Any, device: Any) -> lis
             bias = None
         for b in (None, bias) if bias is not None else (None,):
             key = (type(method).__qualname__, k, tuple(weight.shape), str(weight.dtype), b is not None)
-            calls.setdefault(key, LinearCall(layer, k, b, dtype, device if device is not None else weight.device))
+            calls.setdefault(key, LinearCall(layer, k, b))
     return list(calls.values())
 
 
-def sweep(calls: list[LinearCall], rows: int, deadline: float) -> str:
-    """Apply every call at every row count 1..rows (one input buffer per call, sliced). Stops at the deadline."""
+def sweep(calls: list[LinearCall], rows: int, dtype: Any, deadline: float) -> str:
+    """Apply every call at every row count 1..rows (inputs of the model's dtype, sliced). Stops at the deadline."""
     import torch
 
     start = time.monotonic()
-    buffers: dict[tuple[int, str, str], Any] = {}  # one input per width: activations are shared, not per layer
+    buffers: dict[tuple[int, Any], Any] = {}  # one input per width and device: activations are shared, not per layer
+    inputs = []
     for c in calls:
-        key = (c.k, str(c.dtype), str(c.device))
+        key = (c.k, c.layer.weight.device)
         if key not in buffers:
-            buffers[key] = torch.zeros((rows, c.k), dtype=c.dtype, device=c.device)
-    inputs = [buffers[(c.k, str(c.dtype), str(c.device))] for c in calls]
+            buffers[key] = torch.zeros((rows, c.k), dtype=dtype, device=key[1])
+        inputs.append(buffers[key])
     done = 0
     for m in range(1, rows + 1):
         for call, x in zip(calls, inputs, strict=True):
