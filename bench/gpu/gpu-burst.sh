@@ -51,6 +51,8 @@ for cr, x in rep["runs"].items():
     s = x.get("shapes") or {}
     print("  shapes max first/steady:", {k: v.get("max_first_over_steady") for k, v in s.items()})
     print("  autotune after ready:", x.get("autotune_events_after_ready"), "blocks:", x.get("block_sizes"))
+    for role, lines in (x.get("gemm_warmup_log") or {}).items():
+        print("  gemm warmup", role, lines[-1:] if lines else "no line")
     b = x.get("badpair")
     if b:
         print("  badpair ever ready:", b["decode_ever_ready"], b["readyz_history"][-2:])

@@ -22,8 +22,10 @@ One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart
            reason recorded; P->D vs colocated outputs through the router for the record.
 A plan item `CR@no-block-size:steps` runs CR's rendered argv with `--block-size N` removed from both roles (an
 experiment: what vLLM does with its own sizes where the operator asks for spec.blockSize); the JSON records it.
-`CR@gemm-warmup:steps` turns on hpd_runtime.gemm_warmup (the vLLM plugin that warms every GEMM row count before
-Ready; off unless asked for) in both roles; `gemm_warmup_log` records its lines.
+Every role has hpd_runtime.gemm_warmup installed as the image has it (the vLLM plugin that warms every GEMM row count
+before Ready; the rendered HPD_GEMM_WARMUP_TOKENS, from spec.warmup.everyLength, turns it on);
+`CR@no-gemm-warmup:steps` removes that env from both roles (the A/B baseline), `CR@gemm-warmup:steps` sets it;
+`gemm_warmup_log` records the plugin's lines.
 
 Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first on one host (a TP=1 role takes the
 first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
@@ -187,10 +189,10 @@ def prepend_pythonpath(env: dict[str, str], entry: str) -> None:
     env["PYTHONPATH"] = os.pathsep.join([entry, *rest])
 
 
-def enable_gemm_warmup(role: Role, work: Path) -> str:
-    """The @gemm-warmup experiment: hpd_runtime.gemm_warmup on (the vLLM plugin that warms every GEMM row count).
-    vLLM finds plugins only through installed entry points; the image installs the wheel, here a dist-info
-    directory on the role's PYTHONPATH declares the same entry point as pyproject.toml."""
+def install_gemm_warmup_plugin(role: Role, work: Path) -> None:
+    """What the image's hpd_runtime wheel declares (pyproject.toml): the vLLM general-plugin entry point of
+    hpd_runtime.gemm_warmup. vLLM finds plugins only through installed entry points; here a dist-info directory on the
+    role's PYTHONPATH declares the same one. The rendered env (HPD_GEMM_WARMUP_TOKENS) decides whether it runs."""
     dist = work / "gemm-warmup-plugin" / "hpd_gemm_warmup_bench-0.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hpd-gemm-warmup-bench\nVersion: 0\n")
@@ -198,8 +200,18 @@ def enable_gemm_warmup(role: Role, work: Path) -> str:
         "[vllm.general_plugins]\nhpd_gemm_warmup = hpd_runtime.gemm_warmup:register\n"
     )
     prepend_pythonpath(role.env, str(dist.parent))
+
+
+def enable_gemm_warmup(role: Role) -> str:
+    """The @gemm-warmup variant: the GEMM row sweep on whatever the rendered env says (for CRs with everyLength off)."""
     role.env[contract.ENV_GEMM_WARMUP_TOKENS] = "auto"
-    return f"{contract.ENV_GEMM_WARMUP_TOKENS}=auto, entry point from {dist}"
+    return f"{contract.ENV_GEMM_WARMUP_TOKENS}=auto"
+
+
+def disable_gemm_warmup(role: Role) -> str:
+    """The @no-gemm-warmup variant (the A/B baseline): the rendered HPD_GEMM_WARMUP_* env removed."""
+    gone = [n for n in (contract.ENV_GEMM_WARMUP_TOKENS, contract.ENV_GEMM_WARMUP_SECONDS) if role.env.pop(n, None)]
+    return f"removed {', '.join(gone) or 'nothing (the CR had it off)'}"
 
 
 def drop_flag(role: Role, flag: str) -> bool:
@@ -627,9 +639,13 @@ def run_step(
     if variant == "no-block-size":
         res["experiment"] = {n: f"--block-size removed: {drop_flag(r, '--block-size')}" for n, r in roles.items()}
     elif variant == "gemm-warmup":
-        res["experiment"] = {n: enable_gemm_warmup(r, args.work) for n, r in roles.items()}
+        res["experiment"] = {n: enable_gemm_warmup(r) for n, r in roles.items()}
+    elif variant == "no-gemm-warmup":
+        res["experiment"] = {n: disable_gemm_warmup(r) for n, r in roles.items()}
     elif variant:
-        raise SystemExit(f"unknown plan variant @{variant} (known: @no-block-size, @gemm-warmup)")
+        raise SystemExit(f"unknown plan variant @{variant} (known: @no-block-size, @gemm-warmup, @no-gemm-warmup)")
+    for r in roles.values():
+        install_gemm_warmup_plugin(r, args.work)
     served = roles["decode"].argv[roles["decode"].argv.index("--served-model-name") + 1]
     res.update({"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}})
     while key in report["runs"]:  # the same CR again in one plan (e.g. cold, then warm on the same cache)

@@ -606,6 +606,22 @@ def _role_profile(
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
         EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_check and role == "decode").lower()),
     ]
+    if w.enabled and w.every_length:
+        gemm_seconds = str(gemm_warmup_seconds(w.timeout_seconds))
+        env += [
+            EnvEntry(name=contract.ENV_GEMM_WARMUP_TOKENS, value="auto"),
+            EnvEntry(name=contract.ENV_GEMM_WARMUP_SECONDS, value=gemm_seconds),
+        ]
+        add(
+            contract.ENV_GEMM_WARMUP_TOKENS,
+            "auto",
+            "spec.warmup.everyLength: vLLM's worker runs each distinct GEMM at every row count up to "
+            "max_num_batched_tokens before Ready (cuBLAS picks an algorithm per row count on first use: "
+            "+4 to +11 ms on the first request of each new prompt length otherwise)",
+        )
+        add(
+            contract.ENV_GEMM_WARMUP_SECONDS, gemm_seconds, "the sweep's bound: spec.warmup.timeoutSeconds, at most 300"
+        )
     for e in spec.env:
         if e.value_from is not None:
             env.append(EnvEntry(name=e.name, value_from=dict(e.value_from)))
@@ -707,6 +723,11 @@ def _role_profile(
         args=tuple(args),
         injections=tuple(inj),
     )
+
+
+def gemm_warmup_seconds(warmup_timeout_seconds: int) -> int:
+    """The bound on hpd_runtime.gemm_warmup's sweep inside vLLM's startup (the startup probe allows for it too)."""
+    return min(contract.GEMM_WARMUP_SECONDS_DEFAULT, warmup_timeout_seconds)
 
 
 BLOCK_SIZE_FIXED_MINOR: Final = (0, 27)

@@ -121,18 +121,23 @@ def test_shape_lengths_are_unseen_and_control_lengths_warmed_by_the_runtimes_own
     assert set(run.CONTROL_LENGTHS) <= {len(p.tokens) for p in plan.shapes}, "a control length is not warmed"
 
 
-def test_gemm_warmup_variant_makes_the_plugin_discoverable_to_vllm(
+def test_the_rendered_env_turns_the_gemm_warmup_on_and_the_plugin_is_discoverable_to_vllm(
     rendered: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    """@gemm-warmup: each role's env turns the plugin on, and the PYTHONPATH it gets declares the entry point that vLLM's
-    plugin loader (importlib.metadata, group vllm.general_plugins) finds and loads: hpd_runtime.gemm_warmup.register."""
+    """The operator renders HPD_GEMM_WARMUP_TOKENS=auto (spec.warmup.everyLength, default on) and the bench installs
+    the plugin as the image does: the PYTHONPATH each role gets declares the entry point that vLLM's plugin loader
+    (importlib.metadata, group vllm.general_plugins) finds and loads, hpd_runtime.gemm_warmup.register.
+    @no-gemm-warmup (the A/B baseline) removes the env."""
     from hpd_runtime import contract, gemm_warmup
 
     roles = run.role_commands(rendered, "tiny-eager", tmp_path / "model", tmp_path / "cache")
     for role in roles.values():
-        run.enable_gemm_warmup(role, tmp_path)
-        assert role.env[contract.ENV_GEMM_WARMUP_TOKENS] == "auto"
+        assert role.env[contract.ENV_GEMM_WARMUP_TOKENS] == "auto", "the operator no longer renders the GEMM warmup"
         assert gemm_warmup.requested_tokens(role.env) == 0  # 0: up to the scheduler's max_num_batched_tokens
+        baseline = run.Role(role.name, role.argv, dict(role.env), role.tp)
+        assert "HPD_GEMM_WARMUP_TOKENS" in run.disable_gemm_warmup(baseline)
+        assert gemm_warmup.requested_tokens(baseline.env) is None
+        run.install_gemm_warmup_plugin(role, tmp_path)
         probe = (
             "import importlib.metadata as m, json;"
             "eps = [e for e in m.entry_points(group='vllm.general_plugins')];"

@@ -122,6 +122,19 @@ def test_engine_pod_contract() -> None:
 def test_startup_probe_covers_load_and_warmup() -> None:
     assert startup_failure_threshold(900) * 10 >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS
     assert startup_failure_threshold(1) >= 1
+    assert startup_failure_threshold(900, 300) * 10 >= 900 + 300 + MODEL_LOAD_ALLOWANCE_SECONDS
+
+
+def test_startup_probe_allows_for_the_gemm_sweep_only_when_it_runs() -> None:
+    def threshold(warmup: dict[str, Any]) -> int:
+        doc = seed_doc()
+        doc["spec"]["warmup"] = {**doc["spec"].get("warmup", {}), **warmup}
+        dep = by(build(doc), "Deployment", short_name("nemotron-3-nano", "prefill"))
+        return int(container(dep)["startupProbe"]["failureThreshold"])
+
+    assert threshold({"timeoutSeconds": 900}) == startup_failure_threshold(900, 300)
+    assert threshold({"timeoutSeconds": 900, "everyLength": False}) == startup_failure_threshold(900)
+    assert threshold({"timeoutSeconds": 60}) == startup_failure_threshold(60, 60)
 
 
 def test_pvc_model_hf_token_pvc_cache_and_user_pod_settings() -> None:

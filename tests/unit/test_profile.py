@@ -367,6 +367,23 @@ def test_decode_reports_cached_tokens_for_the_pair_check() -> None:
     assert "--enable-prompt-tokens-details" not in off.decode.args
 
 
+def test_every_length_turns_the_gemm_row_sweep_on_in_both_roles_by_default() -> None:
+    """issue #12: the first request of a prompt length no warmup prompt had paid cuBLAS's per-row-count algorithm
+    choice (+4 to +11 ms on the H200) until hpd_runtime.gemm_warmup ran every row count inside vLLM's startup."""
+    p = compute_profile(spec())
+    for rp in (p.prefill, p.decode):
+        env = {e["name"]: e.get("value") for e in rp.env_k8s()}
+        assert env["HPD_GEMM_WARMUP_TOKENS"] == "auto"
+        assert env["HPD_GEMM_WARMUP_SECONDS"] == "300"
+        assert any(i.setting == "HPD_GEMM_WARMUP_TOKENS" and "row count" in i.reason for i in rp.injections)
+    short = compute_profile(spec(warmup={"timeoutSeconds": 60})).prefill.env_k8s()
+    assert {"name": "HPD_GEMM_WARMUP_SECONDS", "value": "60"} in short  # never longer than the warmup's own budget
+    for off in ({"everyLength": False}, {"enabled": False}):
+        q = compute_profile(spec(warmup=off))
+        names = {e["name"] for rp in (q.prefill, q.decode) for e in rp.env_k8s()}
+        assert not names & {"HPD_GEMM_WARMUP_TOKENS", "HPD_GEMM_WARMUP_SECONDS"}, off
+
+
 @pytest.mark.parametrize(("version", "warned"), [("0.20.0", True), ("0.25.1", True), ("0.33.0", False)])
 def test_an_explicit_block_size_on_a_hybrid_model_warns_where_a_raised_block_corrupted_pd(
     version: str, warned: bool

@@ -1,6 +1,7 @@
 """Run with a vLLM parser venv's python (PYTHONPATH=images/runtime): hpd_runtime.gemm_warmup against real vLLM on the
 CPU. Prints one JSON object. argv[1]: `after` (the plugin registers before vLLM imports its GPU worker, as in a
-worker process) or `before` (the worker module is already imported when the plugin registers). argv[2]: a path for the
+worker process), `before` (the worker module is already imported when the plugin registers) or `model` (as `after`,
+on vLLM's own NemotronH model class instead of hand-built layers). argv[2]: a path for the
 one-rank gloo group's file store."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import types
 from pathlib import Path
 
 import torch
+
+TINY_MODEL = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "tiny-nemotron-h" / "config.json"
 
 os.environ["HPD_GEMM_WARMUP_TOKENS"] = "48"
 order = sys.argv[1]
@@ -48,7 +51,25 @@ from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config  # noq
 from vllm.distributed import init_distributed_environment, initialize_model_parallel  # noqa: E402
 from vllm.model_executor.layers import linear  # noqa: E402
 
-with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+
+def nemotron_h_without_attention(tmp: Path) -> VllmConfig:
+    """The bench's tiny Nemotron-H with its attention layer dropped (vLLM has no CPU attention backend in these venvs):
+    real Mamba2 mixers (whose conv1d is a LinearBase with a 3-D weight) and MLPs, built by vLLM's own model class."""
+    from vllm.config import ModelConfig
+
+    config = json.loads(TINY_MODEL.read_text())
+    config.update(hybrid_override_pattern="M-M-", num_hidden_layers=4)
+    (tmp / "model").mkdir(exist_ok=True)
+    (tmp / "model" / "config.json").write_text(json.dumps(config))
+    mc = ModelConfig(model=str(tmp / "model"), dtype="float32", max_model_len=256, skip_tokenizer_init=True)
+    return VllmConfig(model_config=mc, device_config=DeviceConfig(device="cpu"))
+
+
+if order == "model":
+    vllm_config = nemotron_h_without_attention(Path(sys.argv[2]).parent)
+else:
+    vllm_config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+with set_current_vllm_config(vllm_config):
     init_distributed_environment(1, 0, f"file://{sys.argv[2]}", 0, backend="gloo")  # one rank, no port
     initialize_model_parallel(1, 1)
     model = torch.nn.Module()
@@ -58,9 +79,23 @@ with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")
     model.out_proj = linear.RowParallelLinear(96, 64, bias=False, params_dtype=dt)
     model.qkv = linear.ColumnParallelLinear(64, 80, bias=True, params_dtype=dt)  # with bias: warmed with and without
     model.o = linear.ReplicatedLinear(80, 64, bias=False, params_dtype=dt)
+    # a layer whose method cannot take a plain (m, k) input: left out and named, the others still warm
+    model.odd = linear.ReplicatedLinear(72, 40, bias=False, params_dtype=dt)
+
+    def refuse(layer, x, bias=None):
+        raise RuntimeError("needs a packed input")
+
+    model.odd.quant_method = types.SimpleNamespace(apply=refuse)
+    if order == "model":
+        from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+
+        model = NemotronHForCausalLM(vllm_config=vllm_config, prefix="")
+        out["linear_weights"] = sorted(
+            {tuple(m.weight.shape) for m in model.modules() if isinstance(m, linear.LinearBase)}
+        )
 
     seen: dict[tuple[str, bool], list[int]] = {}
-    method = type(model.o.quant_method)
+    method = type(linear.ReplicatedLinear(8, 8, bias=False, params_dtype=dt).quant_method)
     real_apply = method.apply
 
     def counting_apply(self, layer, x, bias=None):  # the real method, counted

@@ -55,8 +55,27 @@ def test_plugin_wraps_kernel_warmup_and_sweeps_every_row_count(version: str, tmp
     ]), rows  # fmt: skip
     assert all(v == list(range(1, 49)) for v in rows.values()), rows
     assert "done: 5 GEMM shapes x row counts 1..48" in str(out["log"]), out["log"]
+    assert "left out 1: ReplicatedLinear 72->(40, 72) (RuntimeError: needs a packed input)" in str(out["log"]), out
 
 
 def test_plugin_patches_a_worker_module_imported_before_it(tmp_path: Path) -> None:
     out = probe(versions()[-1], "before", tmp_path)
     assert out["kernel_warmup_wrapped"] and out["worker_binding_wrapped"], out
+
+
+@pytest.mark.parametrize("version", [versions()[0], versions()[-1]])
+def test_plugin_on_vllms_own_nemotron_h_warms_its_gemms_and_skips_the_conv1d(version: str, tmp_path: Path) -> None:
+    """On the H200 the first version of the sweep stopped at Mamba2's conv1d: a ColumnParallelLinear whose weight the
+    mixer reshapes to 3-D (`t() expects a tensor with <= 2 dimensions`) and that never runs as a GEMM. Built here by
+    vLLM's own NemotronH class (the bench's tiny config without its attention layer), every real GEMM must still be
+    warmed at every row count and the conv1d left out."""
+    out = probe(version, "model", tmp_path)
+    assert [1280, 1, 4] in out["linear_weights"], f"the model lost its 3-D conv1d weight: {out['linear_weights']}"
+    rows = out["rows_per_gemm"]
+    assert isinstance(rows, dict)
+    # Mamba in_proj; Mamba out_proj and MLP down (same shape); MLP up
+    gemms = ["512->(2320, 512) bias=False", "1024->(512, 1024) bias=False", "512->(1024, 512) bias=False"]
+    assert sorted(rows) == sorted(gemms), rows
+    assert all(v == list(range(1, 49)) for v in rows.values()), rows
+    assert "done: 3 GEMM shapes x row counts 1..48" in str(out["log"]), out["log"]
+    assert "left out" not in str(out["log"]), out["log"]

@@ -120,9 +120,11 @@ ENV_CACHE_KEY: Final = "HPD_CACHE_KEY"
 """Set by `launch` for the vLLM process tree (informational): the computed cache key."""
 ENV_GEMM_WARMUP_TOKENS: Final = "HPD_GEMM_WARMUP_TOKENS"
 """Read by the vLLM plugin hpd_runtime.gemm_warmup in vLLM's worker: warm every GEMM row count 1..N before Ready
-(`auto`: N = max_num_batched_tokens). Unset: off. Not set by the operator yet (bench/gpu measures it first)."""
+(`auto`: N = max_num_batched_tokens). Unset: off. The operator sets `auto` when spec.warmup.enabled and
+spec.warmup.everyLength (both default true)."""
 ENV_GEMM_WARMUP_SECONDS: Final = "HPD_GEMM_WARMUP_SECONDS"
-"""Upper bound on the GEMM row-count sweep (seconds; default GEMM_WARMUP_SECONDS_DEFAULT)."""
+"""Upper bound on the GEMM row-count sweep (seconds; default GEMM_WARMUP_SECONDS_DEFAULT). The operator sets
+min(GEMM_WARMUP_SECONDS_DEFAULT, spec.warmup.timeoutSeconds)."""
 
 # --- Runtime defaults ---------------------------------------------------------------------------------------------
 SSD_CHUNK_SIZE_DEFAULT: Final = 256

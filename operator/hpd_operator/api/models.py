@@ -356,6 +356,12 @@ class WarmupSpec(_Model):
     pair_check: bool = True
     """Decode waits for one real prefill->decode round trip before it reports Ready."""
     timeout_seconds: int = Field(default=c.DEFAULT_WARMUP_TIMEOUT_SECONDS, ge=1, le=86_400)
+    every_length: bool = True
+    """Before Ready, also run each distinct linear layer (GEMM) of the loaded model once at every row count up to
+    vLLM's max_num_batched_tokens (hpd_runtime.gemm_warmup, inside vLLM's startup), so the first request of a prompt
+    length no warmup prompt had is as fast as the next: cuBLAS picks its algorithm per row count on first use (+4 to
+    +11 ms per new length on an H200). Costs 7-10 s of startup on the bench model, more with larger weights; bounded
+    by timeoutSeconds (at most 300 s). Ignored when `enabled` is false."""
 
 
 class CacheSpec(_Model):

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
 from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata, selector_labels, short_name
-from hpd_operator.profile import Profile
+from hpd_operator.profile import Profile, gemm_warmup_seconds
 from hpd_runtime import contract
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -41,9 +41,10 @@ def role_name(cr_name: str, role: str) -> str:
     return short_name(cr_name, role)
 
 
-def startup_failure_threshold(warmup_timeout_seconds: int) -> int:
-    """failureThreshold x period covers model load + the warmup budget."""
-    return math.ceil((warmup_timeout_seconds + MODEL_LOAD_ALLOWANCE_SECONDS) / STARTUP_PERIOD_SECONDS)
+def startup_failure_threshold(warmup_timeout_seconds: int, gemm_warmup_seconds: int = 0) -> int:
+    """failureThreshold x period covers model load + the GEMM sweep inside vLLM's startup + the warmup budget."""
+    total = warmup_timeout_seconds + gemm_warmup_seconds + MODEL_LOAD_ALLOWANCE_SECONDS
+    return math.ceil(total / STARTUP_PERIOD_SECONDS)
 
 
 def _resources(res: ResourceRequirements | None, tp: int) -> dict[str, Any]:
@@ -89,6 +90,8 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
     spec, name, ns = cr.spec, cr.metadata.name, cr.metadata.namespace
     rs, rp = spec.role(role), profile.role(role)
     prefill_svc = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
+    w = spec.warmup
+    gemm_seconds = gemm_warmup_seconds(w.timeout_seconds) if w.enabled and w.every_length else 0
     env: list[dict[str, Any]] = [
         *rp.env_k8s(),
         {"name": contract.ENV_INSTANCE, "value": name},
@@ -138,7 +141,7 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         ],
         "resources": _resources(rs.resources, rs.tensor_parallel_size),
         "volumeMounts": mounts,
-        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_failure_threshold(spec.warmup.timeout_seconds)),
+        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_failure_threshold(w.timeout_seconds, gemm_seconds)),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
         "securityContext": {
