@@ -35,6 +35,7 @@ from hpd_operator.api.models import (
     ModelConfigSpec,
     ProfileStatus,
     VersionRuleStatus,
+    WarmupSpec,
 )
 from hpd_operator.errors import SpecError, SpecViolation
 from hpd_operator.validation import check_extra_args, check_spec, unique
@@ -606,11 +607,11 @@ def _role_profile(
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
         EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_check and role == "decode").lower()),
     ]
-    if w.enabled and w.every_length:
-        gemm_seconds = str(gemm_warmup_seconds(w.timeout_seconds))
+    gemm_seconds = gemm_warmup_seconds(w)
+    if gemm_seconds:
         env += [
             EnvEntry(name=contract.ENV_GEMM_WARMUP_TOKENS, value="auto"),
-            EnvEntry(name=contract.ENV_GEMM_WARMUP_SECONDS, value=gemm_seconds),
+            EnvEntry(name=contract.ENV_GEMM_WARMUP_SECONDS, value=str(gemm_seconds)),
         ]
         add(
             contract.ENV_GEMM_WARMUP_TOKENS,
@@ -620,7 +621,9 @@ def _role_profile(
             "+4 to +11 ms on the first request of each new prompt length otherwise)",
         )
         add(
-            contract.ENV_GEMM_WARMUP_SECONDS, gemm_seconds, "the sweep's bound: spec.warmup.timeoutSeconds, at most 300"
+            contract.ENV_GEMM_WARMUP_SECONDS,
+            str(gemm_seconds),
+            "the sweep's bound: spec.warmup.timeoutSeconds, at most 300",
         )
     for e in spec.env:
         if e.value_from is not None:
@@ -725,9 +728,12 @@ def _role_profile(
     )
 
 
-def gemm_warmup_seconds(warmup_timeout_seconds: int) -> int:
-    """The bound on hpd_runtime.gemm_warmup's sweep inside vLLM's startup (the startup probe allows for it too)."""
-    return min(contract.GEMM_WARMUP_SECONDS_DEFAULT, warmup_timeout_seconds)
+def gemm_warmup_seconds(warmup: WarmupSpec) -> int:
+    """The bound on hpd_runtime.gemm_warmup's sweep inside vLLM's startup (the startup probe allows for it too);
+    0 when it does not run (spec.warmup.everyLength or spec.warmup.enabled off)."""
+    if not (warmup.enabled and warmup.every_length):
+        return 0
+    return min(contract.GEMM_WARMUP_SECONDS_DEFAULT, warmup.timeout_seconds)
 
 
 BLOCK_SIZE_FIXED_MINOR: Final = (0, 27)

@@ -72,20 +72,7 @@ else:
 with set_current_vllm_config(vllm_config):
     init_distributed_environment(1, 0, f"file://{sys.argv[2]}", 0, backend="gloo")  # one rank, no port
     initialize_model_parallel(1, 1)
-    model = torch.nn.Module()
     dt = torch.float32
-    model.in_proj = linear.MergedColumnParallelLinear(64, [48, 48], bias=False, params_dtype=dt)
-    model.in_proj2 = linear.MergedColumnParallelLinear(64, [48, 48], bias=False, params_dtype=dt)  # same GEMM
-    model.out_proj = linear.RowParallelLinear(96, 64, bias=False, params_dtype=dt)
-    model.qkv = linear.ColumnParallelLinear(64, 80, bias=True, params_dtype=dt)  # with bias: warmed with and without
-    model.o = linear.ReplicatedLinear(80, 64, bias=False, params_dtype=dt)
-    # a layer whose method cannot take a plain (m, k) input: left out and named, the others still warm
-    model.odd = linear.ReplicatedLinear(72, 40, bias=False, params_dtype=dt)
-
-    def refuse(layer, x, bias=None):
-        raise RuntimeError("needs a packed input")
-
-    model.odd.quant_method = types.SimpleNamespace(apply=refuse)
     if order == "model":
         from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
 
@@ -93,9 +80,25 @@ with set_current_vllm_config(vllm_config):
         out["linear_weights"] = sorted(
             {tuple(m.weight.shape) for m in model.modules() if isinstance(m, linear.LinearBase)}
         )
+    else:
+        model = torch.nn.Module()
+        model.in_proj = linear.MergedColumnParallelLinear(64, [48, 48], bias=False, params_dtype=dt)
+        model.in_proj2 = linear.MergedColumnParallelLinear(64, [48, 48], bias=False, params_dtype=dt)  # same GEMM
+        model.out_proj = linear.RowParallelLinear(96, 64, bias=False, params_dtype=dt)
+        model.qkv = linear.ColumnParallelLinear(
+            64, 80, bias=True, params_dtype=dt
+        )  # with bias: warmed with and without
+        model.o = linear.ReplicatedLinear(80, 64, bias=False, params_dtype=dt)
+        # a layer whose method cannot take a plain (m, k) input: left out and named, the others still warm
+        model.odd = linear.ReplicatedLinear(72, 40, bias=False, params_dtype=dt)
+
+        def refuse(layer, x, bias=None):
+            raise RuntimeError("needs a packed input")
+
+        model.odd.quant_method = types.SimpleNamespace(apply=refuse)
 
     seen: dict[tuple[str, bool], list[int]] = {}
-    method = type(linear.ReplicatedLinear(8, 8, bias=False, params_dtype=dt).quant_method)
+    method = linear.UnquantizedLinearMethod  # what every layer here (and the tiny model's, unquantized) applies
     real_apply = method.apply
 
     def counting_apply(self, layer, x, bias=None):  # the real method, counted

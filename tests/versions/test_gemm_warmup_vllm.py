@@ -2,7 +2,7 @@
 vLLM of each supported version, on the CPU (the `vllm_parser` tier's venvs): the worker still calls the function the
 plugin wraps, the wrap lands whether or not the worker module was imported first, the API server process is left
 alone, and the sweep runs vLLM's own linear methods once per distinct GEMM at every row count. Whether it removes the
-first-request cost at new prompt lengths is a GPU question: bench/gpu (the `CR@gemm-warmup` plan variant of run.py)."""
+first-request cost at new prompt lengths is a GPU question: bench/gpu (fifth burst; `CR@no-gemm-warmup` is its baseline)."""
 
 from __future__ import annotations
 

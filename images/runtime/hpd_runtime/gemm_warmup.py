@@ -16,8 +16,9 @@ what it costs at warmed ones (colocated: mean -0.7..+2.5 ms, every length within
 and 0.25.1; without it +7.3 ms and 4 of 12 over 1.2x), for 7-10 s of sweep on the bench model.
 
 How: registered under the `vllm.general_plugins` entry point (pyproject.toml), inert unless HPD_GEMM_WARMUP_TOKENS
-is set (the operator sets it when spec.warmup.everyLength, the default). It wraps `vllm.model_executor.warmup.kernel_warmup.kernel_warmup`, which the GPU worker calls after
-compile warmup and before CUDA graph capture (0.20 to 0.33), and then calls `quant_method.apply(layer, x[:m])` once
+is set (the operator sets it when spec.warmup.everyLength, the default). It wraps
+`vllm.model_executor.warmup.kernel_warmup.kernel_warmup`, which the GPU worker calls after compile warmup and before
+CUDA graph capture (0.20 to 0.33), and then calls `quant_method.apply(layer, x[:m])` once
 per distinct linear shape of the loaded model for m = 1 .. limit (the scheduler's max_num_batched_tokens, or the
 env value if smaller). Each tensor-parallel rank warms its own shards; nothing collective runs. Anything that goes
 wrong is printed and skipped: this plugin never stops vLLM from starting. Its progress lines start with

@@ -90,8 +90,7 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
     spec, name, ns = cr.spec, cr.metadata.name, cr.metadata.namespace
     rs, rp = spec.role(role), profile.role(role)
     prefill_svc = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
-    w = spec.warmup
-    gemm_seconds = gemm_warmup_seconds(w.timeout_seconds) if w.enabled and w.every_length else 0
+    startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
     env: list[dict[str, Any]] = [
         *rp.env_k8s(),
         {"name": contract.ENV_INSTANCE, "value": name},
@@ -141,7 +140,7 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         ],
         "resources": _resources(rs.resources, rs.tensor_parallel_size),
         "volumeMounts": mounts,
-        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_failure_threshold(w.timeout_seconds, gemm_seconds)),
+        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
         "securityContext": {
