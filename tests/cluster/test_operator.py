@@ -236,7 +236,15 @@ def test_update_in_place_prune_and_kubectl_scale(
     # kubectl scale on the CR scales decode; back to 1 prunes the PDB
     kubectl(kubeconfig, "-n", ns, "scale", f"hpd/{name}", "--replicas=3")
     wait_for(lambda: deployment(api_client, ns, f"{name}-decode").spec.replicas == 3, T, what="decode scaled to 3")
-    cr = wait_cr(api_client, ns, name, lambda c: c["status"]["decode"]["summary"] == "3/3", "status 3/3")
+
+    # The Deployment's readyReplicas (the summary's numerator) counts every ReplicaSet's pods: the summary can read
+    # 3/3 while the rollout's old decode pod still counts and the third new one is not there (seen in CI: the scale
+    # subresource then read status.replicas 2 once the old pod went). Wait for three pods of the current template.
+    def scaled(c: dict[str, Any]) -> bool:
+        d = c["status"]["decode"]
+        return d["summary"] == "3/3" and d["replicas"] == d["updatedReplicas"] == d["readyReplicas"] == 3
+
+    cr = wait_cr(api_client, ns, name, scaled, "status 3/3 of the current template")
     scale = json.loads(kubectl(kubeconfig, "-n", ns, "get", "--raw",
                                f"/apis/{G}/{V}/namespaces/{ns}/{P}/{name}/scale").stdout)  # fmt: skip
     assert scale["status"]["replicas"] == 3 and "component=decode" in scale["status"]["selector"]
