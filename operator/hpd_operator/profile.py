@@ -623,7 +623,7 @@ def _role_profile(
         add(
             contract.ENV_GEMM_WARMUP_SECONDS,
             str(gemm_seconds),
-            "the sweep's bound: spec.warmup.timeoutSeconds, at most 300",
+            f"the sweep's bound: spec.warmup.timeoutSeconds, at most {contract.GEMM_WARMUP_SECONDS_DEFAULT}",
         )
     for e in spec.env:
         if e.value_from is not None:

@@ -85,9 +85,8 @@ with set_current_vllm_config(vllm_config):
         model.in_proj = linear.MergedColumnParallelLinear(64, [48, 48], bias=False, params_dtype=dt)
         model.in_proj2 = linear.MergedColumnParallelLinear(64, [48, 48], bias=False, params_dtype=dt)  # same GEMM
         model.out_proj = linear.RowParallelLinear(96, 64, bias=False, params_dtype=dt)
-        model.qkv = linear.ColumnParallelLinear(
-            64, 80, bias=True, params_dtype=dt
-        )  # with bias: warmed with and without
+        # with bias: warmed with and without
+        model.qkv = linear.ColumnParallelLinear(64, 80, bias=True, params_dtype=dt)
         model.o = linear.ReplicatedLinear(80, 64, bias=False, params_dtype=dt)
         # a layer whose method cannot take a plain (m, k) input: left out and named, the others still warm
         model.odd = linear.ReplicatedLinear(72, 40, bias=False, params_dtype=dt)
