@@ -45,8 +45,15 @@ fi
 echo
 echo "== apply examples/nemotron-3-nano.yaml"
 kubectl apply -f examples/nemotron-3-nano.yaml
-if ! kubectl wait --for=condition=Ready --timeout=120s hpd/nemotron-3-nano; then
-  echo "not Ready in time; operator log tail:" >&2
+# Generous for a slow machine (kwok turns pods Ready in seconds; a first CR right after the CRD's creation waits for
+# one retry of the operator's backoff); on failure, the operator's own reasons first.
+if ! kubectl wait --for=condition=Ready --timeout="${HPD_DEMO_WAIT:-300s}" hpd/nemotron-3-nano; then
+  echo "not Ready in time. The CR's conditions (the operator's own reasons):" >&2
+  kubectl get hpd nemotron-3-nano \
+    -o jsonpath='{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 || true
+  echo "Events:" >&2
+  kubectl get events --field-selector involvedObject.name=nemotron-3-nano >&2 || true
+  echo "operator log tail:" >&2
   tail -40 "$STATE/operator.log" >&2
   exit 1
 fi

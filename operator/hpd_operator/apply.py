@@ -179,10 +179,34 @@ belongs, duplicate keys of a list map, a malformed quantity): as permanent as a 
 
 
 def refused(e: client.ApiException) -> bool:
-    """The apiserver refused this object for good (until the spec changes): not worth a blind retry."""
+    """The apiserver refused this object (rather than failing to answer): reported in the CR's status. Every
+    failure is retried with backoff all the same (handlers.schedule): RBAC gets fixed, a quota raised, a namespace
+    or a CRD's discovery appears, a spec gets edited."""
     if e.status in (400, 403, 404, 409, 422):
         return True
     return e.status == 500 and any(m in str(e.body) for m in REFUSED_500)
+
+
+BLOCK_OWNER_DELETION_REFUSED = "cannot set blockOwnerDeletion"
+"""kube-apiserver's OwnerReferencesPermissionEnforcement admission (on in OpenShift and in our local control plane)
+checks that whoever sets blockOwnerDeletion may update the owner's finalizers; it resolves the owner's kind through
+a RESTMapper built from discovery and reset every 30 s (k8s.io/apiserver pkg/server/options/admission.go), so for up to
+30 s after a CRD is created it answers 403 "cannot set blockOwnerDeletion in this case because cannot find
+RESTMapping for APIVersion ... Kind ...". helm install, then kubectl apply, meets it."""
+
+
+def owner_kind_unknown(e: client.ApiException) -> bool:
+    """The apiserver refused an object's blockOwnerDeletion only because it does not resolve the owner's kind yet."""
+    return e.status == 403 and BLOCK_OWNER_DELETION_REFUSED in str(e.body) and "RESTMapping" in str(e.body)
+
+
+def without_block_owner_deletion(obj: Mapping[str, Any]) -> Manifest:
+    """A copy of `obj` whose owner references do not set blockOwnerDeletion (pure)."""
+    md = dict(obj["metadata"])
+    md["ownerReferences"] = [
+        {k: v for k, v in ref.items() if k != "blockOwnerDeletion"} for ref in md.get("ownerReferences") or []
+    ]
+    return {**obj, "metadata": md}
 
 
 def list_children(

@@ -150,15 +150,20 @@ def _pod_conditions(conditions: Any) -> list[dict[str, Any]]:
 
 def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What status.py and podevents.py read of a pod: name, uid, our labels, deletion, node, phase and the Ready
-    and unschedulable conditions."""
+    and unschedulable conditions; for a pod not bound to a node, its creation time and scheduler."""
     md, sp, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     meta = {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp") if k in md}
     meta["namespace"] = _s(meta.get("namespace"))
     meta["labels"] = _labels(md)
     node = sp.get("nodeName")
+    spec: dict[str, Any] = {"nodeName": _s(node)} if node else {}
+    if not node:  # unbound: how long it waits, and for which scheduler (status.py: NotScheduled)
+        meta["creationTimestamp"] = _s(md.get("creationTimestamp"))
+        if sp.get("schedulerName"):
+            spec["schedulerName"] = _s(sp.get("schedulerName"))
     return {
         "metadata": meta,
-        "spec": {"nodeName": _s(node)} if node else {},
+        "spec": spec,
         "status": {"phase": _s(st.get("phase")), "conditions": _pod_conditions(st.get("conditions"))},
     }
 

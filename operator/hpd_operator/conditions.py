@@ -51,6 +51,9 @@ class Reason(StrEnum):
     """A pod of the role cannot be scheduled (the scheduler's message is in the condition)."""
     NODE_LOST = "NodeLost"
     """A pod of the role is bound to a node that no longer exists."""
+    NOT_SCHEDULED = "NotScheduled"
+    """A pod of the role has waited longer than status.NOT_SCHEDULED_AFTER without any scheduler looking at it (no
+    PodScheduled condition: e.g. podTemplate.spec.schedulerName names a scheduler that is not running)."""
     # WarmedUp
     WARMUP_DISABLED = "WarmupDisabled"
     ALL_ENGINES_WARM = "AllEnginesWarm"
@@ -78,6 +81,9 @@ class Reason(StrEnum):
     RISKY_SPEC = "RiskySpec"
     """Not fatal, deployed anyway (Warning Event, status.profile.warnings): e.g. an image tag naming another vLLM
     release than spec.vllmVersion, a spec.blockSize vLLM may raise."""
+    STATUS_WRITE_FAILED = "StatusWriteFailed"
+    """The apiserver refused the CR's status (Event only: the status could not say it), e.g. a spec too large to
+    store a status beside it."""
     # child actions (Events only)
     CREATED = "Created"
     UPDATED = "Updated"
@@ -87,7 +93,9 @@ class Reason(StrEnum):
 FAILURE_REASONS: frozenset[Reason] = frozenset(
     {Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT, Reason.RECONCILE_ERROR}
 )
-ROLE_PROBLEM_REASONS: frozenset[Reason] = frozenset({Reason.ROLLOUT_FAILED, Reason.UNSCHEDULABLE, Reason.NODE_LOST})
+ROLE_PROBLEM_REASONS: frozenset[Reason] = frozenset(
+    {Reason.ROLLOUT_FAILED, Reason.UNSCHEDULABLE, Reason.NODE_LOST, Reason.NOT_SCHEDULED}
+)
 
 
 @dataclass(frozen=True)

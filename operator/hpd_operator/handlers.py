@@ -9,11 +9,16 @@ watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
   empty): kopf holds every other handler until all indexed kinds finished their initial listing, so no reconcile
   sees a half-filled cache (no "create" of an existing child after a restart). An object that loses the managed-by label arrives as DELETED.
 - One work queue (workqueue.py, client-go's semantics): `@kopf.on.event` handlers enqueue the (namespace, name) of
-  the CR an event concerns: the CR itself, a child or pod by its instance label (a child also by its owner
-  reference), a probe Event by its pod, the CRs with pods on a deleted node. A key waits at most once; one that
-  arrives while its CR is being converged runs once more afterwards. `--workers` threads (default 4; the kubernetes
-  client is synchronous) converge keys; a transient API failure retries that key with backoff (0.5 s doubling to
-  60 s); everything else ends in the CR's status, as before, and one CR's failure never stops another.
+  the CR an event concerns: the CR itself when its uid, generation or deletion changed (not its own status writes
+  or label edits: `_SEEN`), a child or pod by its instance label (a child also by its owner reference), a probe
+  Event by its pod, the CRs with pods on a deleted node. A key waits at most once, and has at most one delayed
+  entry (the earliest wins); one that arrives while its CR is being converged runs once more afterwards.
+  `--workers` threads (default 4; the kubernetes client is synchronous) converge keys.
+- Every reconcile that does not converge is retried with per-key backoff (0.5 s doubling to 60 s, reset on
+  success; `schedule`), as controller-runtime retries every error: an apiserver refusal ends in the CR's status
+  (ApplyFailed names the child, the code and the apiserver's message) and is retried all the same, a failure to
+  reach the apiserver or to write the status is retried without a status. Nothing waits for the safety resync. A
+  retry writes no status and posts no Event unless the failure's message changed.
 - `converge`: parse -> build -> claim -> apply -> prune, then observe + write_report. Only what differs is written:
   a child the cache does not hold is created by one apply that only creates (apply.create: no GET first; a name
   held by an object the operator does not watch answers 409, then one GET says who holds it); a child is applied
@@ -23,7 +28,9 @@ watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
   transitions (RiskySpec once per spec generation). A reconcile of a settled CR makes no request at all; a child's
   status change reaches the CR's status in one reconcile.
 - The one thing no event announces is the deletion of an object without our label that holds a desired name
-  (OwnershipConflict): such a CR is re-queued every settings.recheck_seconds (default 10 s) until it converges.
+  (OwnershipConflict): such a CR's backoff is capped at settings.recheck_seconds (default 10 s) until it converges.
+- A CRD created moments before its first CR: the apiserver refuses blockOwnerDeletion on the children for up to 30 s
+  (`apply.owner_kind_unknown`); they are written without it at once and completed on a retry (`unblocked`).
 - A slow safety resync (settings.resync_seconds, default 300 s) re-enqueues every cached CR (no list call); when
   nothing changed it writes nothing. It is an asyncio task, not a kopf timer: kopf puts a finalizer on objects
   with timers/daemons. No finalizer and no annotation is put on the CR (event and index handlers write nothing):
@@ -53,7 +60,7 @@ import urllib3
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import drift, metrics, podevents, report, settings
+from hpd_operator import blame, drift, metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders import Manifest, build_all, instance_label
 from hpd_operator.cache import Cache, CRKey, plain
@@ -61,7 +68,7 @@ from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
-from hpd_operator.status import compute_status, transitions
+from hpd_operator.status import compute_status, next_pod_check, transitions
 from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
 
@@ -118,7 +125,7 @@ def setup(deadline_s: float = 120.0) -> Capabilities:
         except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
             if time.monotonic() > end:
                 raise
-            log.warning(f"startup: the apiserver did not answer ({e!r}); retrying")
+            log.warning(f"startup: the apiserver did not answer as expected ({describe(e)[1]}); retrying")
             time.sleep(2)
     _STATE["api"], _STATE["caps"] = api, caps
     _register_children(caps)
@@ -148,13 +155,24 @@ async def _index_cr(body: kopf.Body, **_: Any) -> None:
     CACHE.put_cr(body, instance_label(str(body["metadata"]["name"])))
 
 
+_SEEN: dict[CRKey, tuple[str, object, bool]] = {}
+"""CR key -> (uid, generation, being deleted) of the last event that queued it (controller-runtime's
+GenerationChangedPredicate): a status write (the operator's own, every reconcile that changes something) or a
+label/annotation edit changes none of these, and the operator uses none of them, so such events queue nothing."""
+
+
 @kopf.on.event(*RESOURCE, id="enqueue-crs")
 async def _cr_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     key = _cr_key(body)
+    md = body["metadata"]
     if type == "DELETED":
         CACHE.drop_cr(key, instance_label(key[1]))
-        forget(key, str(body["metadata"].get("uid")))
+        forget(key, str(md.get("uid")))
         return
+    seen = (str(md.get("uid")), md.get("generation"), bool(md.get("deletionTimestamp")))
+    if _SEEN.get(key) == seen:
+        return
+    _SEEN[key] = seen
     QUEUE.add(key)
 
 
@@ -294,7 +312,11 @@ class Run:
     nodes: frozenset[str] | None = None
     role_details: dict[str, str] = field(default_factory=dict)
     failure: Failure | None = None
+    retry: str | None = None
+    """Why this CR must be reconciled again with backoff although no failure is reported (a step that will succeed
+    once the apiserver catches up, e.g. `owner_kind_unknown`)."""
     requeue_after: float | None = None
+    """Reconcile again after this many seconds (something will change that no event announces)."""
 
     @property
     def name(self) -> str:
@@ -444,41 +466,66 @@ def create_child(run: Run, obj: Manifest) -> Manifest | None:
     raise client.ApiException(status=409, reason="Conflict", body=f"{what} keeps being created and deleted by another")
 
 
+def write_child(run: Run, obj: Manifest) -> Manifest | None:
+    """Create `obj` if the cache does not hold it, else apply it if it differs; the object as stored, or None when
+    nothing was written (unchanged, or its name is held by another object: `run.conflicts`)."""
+    k = k8s.key(obj)
+    what = f"{obj['kind']} {obj['metadata']['name']}"
+    if k in run.absent:
+        log.debug(f"{run.namespace}/{run.name}: create {what}")
+        return create_child(run, obj)
+    why = needs_apply(run, obj, run.ours.get(k))
+    if why is None:
+        return None
+    log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
+    return k8s.apply(run.api, obj)
+
+
+def unblocked(run: Run, obj: Manifest) -> Manifest:
+    """`obj` without blockOwnerDeletion, to write after the apiserver refused it because it cannot resolve the
+    owner's kind yet (`k8s.owner_kind_unknown`): the child exists at once and is garbage-collected with its CR all
+    the same; the CR is retried with backoff until the full owner reference is taken (the apiserver's admission
+    discovery refreshes every 30 s). Only foreground deletion of the CR in that window would not wait for it."""
+    run.retry = (
+        f"children written without blockOwnerDeletion: the apiserver cannot resolve kind {contract.KIND} yet (a CRD "
+        "created moments ago; its admission discovery refreshes every 30 s)"
+    )
+    return drift.stamped(k8s.without_block_owner_deletion(obj))
+
+
 def apply_children(run: Run) -> None:
-    """Server-side apply each desired child this CR may own that differs from what runs; a refused child is
-    reported, the rest still applied."""
+    """Create or server-side apply each desired child this CR may own that differs from what runs. Any refusal of
+    the apiserver is reported (ApplyFailed, naming the child, the code and the apiserver's message; the CR is
+    retried with backoff), the rest still applied; only a lost connection ends the step."""
     refused: list[str] = []
     conflicts = len(run.conflicts)
-    for obj in run.desired:
-        k = k8s.key(obj)
+    for desired in run.desired:
+        k, obj = k8s.key(desired), desired
         if k in run.conflicts:
             continue
-        what = f"{obj['kind']} {obj['metadata']['name']}"
         try:
-            if k in run.absent:
-                log.debug(f"{run.namespace}/{run.name}: create {what}")
-                created = create_child(run, obj)
-                if created is None:
-                    continue
-                new = created
-            else:
-                why = needs_apply(run, obj, run.ours.get(k))
-                if why is None:
-                    continue
-                log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
-                new = k8s.apply(run.api, obj)
+            try:
+                new = write_child(run, obj)
+            except client.ApiException as e:
+                if not k8s.owner_kind_unknown(e):
+                    raise
+                metrics.api_error("apply", e.status)
+                metrics.OWNER_REFERENCES_DEFERRED.labels(kind=obj["kind"]).inc()
+                obj = unblocked(run, obj)
+                new = write_child(run, obj)
         except client.ApiException as e:
             metrics.api_error("apply", e.status)
-            if not k8s.refused(e):
-                raise
-            refused.append(f"{what}: {k8s.api_message(e)}")
+            why = blame.hint(k8s.api_message(e), obj, run.body.get("spec") or {})
+            refused.append(f"{obj['kind']} {obj['metadata']['name']}: {why}")
+            continue
+        if new is None:
             continue
         run.cache.put_child(new)
         _CHECKED[str(new["metadata"].get("uid"))] = _signature(new, obj)
         action = _action(run.ours.get(k), new)
         metrics.OBJECTS_APPLIED.labels(kind=obj["kind"], action=str(action or "unchanged").lower()).inc()
         if action is not None:
-            run.actions[action].append(what)
+            run.actions[action].append(f"{obj['kind']} {obj['metadata']['name']}")
     if len(run.conflicts) > conflicts:
         report_conflicts(run)
     if refused:
@@ -585,7 +632,12 @@ def write_report(run: Run) -> dict[str, Any]:
         role_details=run.role_details,
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
-    written = report.write_status(run.api, run.body, status)
+    try:
+        written = report.write_status(run.api, run.body, status)
+    except client.ApiException as e:
+        status_refused(run, e)
+        raise TransientError(f"status: {k8s.api_message(e)}") from e
+    _STATUS_REFUSED.pop(run.uid, None)
     if written is not None:
         run.cache.put_cr(written, run.instance)
     _REPORTED[run.uid] = status["conditions"]
@@ -602,6 +654,21 @@ def write_report(run: Run) -> dict[str, Any]:
 
 _REPORTED: dict[str, list[dict[str, Any]]] = {}
 """CR uid -> the conditions this process last wrote."""
+_STATUS_REFUSED: dict[str, str] = {}
+"""CR uid -> why the apiserver refused its last status write (one Warning Event per distinct reason)."""
+
+
+def status_refused(run: Run, e: client.ApiException) -> None:
+    """A refused status write leaves the CR without the status that would say why: say it in a Warning Event (once
+    per distinct answer; the retries with backoff post nothing new) and in the log."""
+    why = (
+        f"the apiserver refused this {contract.KIND}'s status ({k8s.api_message(e)}); if it names the object's "
+        "size, the spec is too large to store a status beside it (shorten spec.env values or podTemplate)"
+    )
+    log.warning(f"{run.namespace}/{run.name}: {why}")
+    if _STATUS_REFUSED.get(run.uid) != why:
+        _STATUS_REFUSED[run.uid] = why
+        report.event(run.api, run.body, "Warning", Reason.STATUS_WRITE_FAILED, why)
 
 
 def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Run:
@@ -610,32 +677,64 @@ def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Ru
     with metrics.reconcile() as outcome:
         run = Run(api, cache, body, podmonitor_served=_caps().podmonitors)
         run_steps(run)
-        if run.conflicts:  # a name held by another object: its deletion may come with no event we see
-            run.requeue_after = settings.current().recheck_seconds
         try:
             observe(run)
         except client.ApiException as e:
             raise TransientError(f"observe: {k8s.api_message(e)}") from e
+        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now())
+        if pod_check is not None:  # a pod no scheduler looked at turns NotScheduled then: no event announces it
+            run.requeue_after = min(run.requeue_after or pod_check, pod_check)
         write_report(run)
         outcome.failed(run.failure.reason if run.failure is not None else None)
+        outcome.requeue(retry=run.retry is not None, after=run.requeue_after is not None)
         return run
 
 
-def reconcile_key(api: client.ApiClient, key: CRKey) -> float | None:
-    """Converge the CR `key` as cached now (nothing when it is gone or being deleted); returns a requeue delay."""
+def reconcile_key(api: client.ApiClient, key: CRKey) -> Run | None:
+    """Converge the CR `key` as cached now (nothing when it is gone or being deleted)."""
     body = CACHE.cr(key)
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
         return None
-    return converge(api, CACHE, body).requeue_after
+    return converge(api, CACHE, body)
 
 
 def forget(key: CRKey, uid: str) -> None:
     """A CR is gone: drop its metrics and what this process remembers of it (children go by garbage collection)."""
     metrics.forget(*key)
     _REPORTED.pop(uid, None)
+    _STATUS_REFUSED.pop(uid, None)
+    _SEEN.pop(key, None)
+    QUEUE.forget(key)
 
 
 # --- workers and the safety resync -----------------------------------------------------------------------------------
+def describe(e: BaseException) -> tuple[str, str]:
+    """(code, text) of a failure for the log and the api_errors metric: the apiserver's code and message when an API
+    call failed (also behind a TransientError), else the exception itself."""
+    for err in (e, e.__cause__):
+        if isinstance(err, client.ApiException):
+            return str(err.status), k8s.api_message(err)
+    return type(e).__name__, str(e) or repr(e)
+
+
+def schedule(queue: WorkQueue[CRKey], key: CRKey, run: Run | None) -> None:
+    """After a reconcile: forget the key's backoff when the CR converged; otherwise retry it with backoff, whatever
+    the failure (controller-runtime requeues every error): RBAC gets fixed, a quota raised, a namespace or a CRD's
+    discovery appears, a name is freed, a spec edited. Spec-bound failures back off to the cap like the rest; a name
+    held by another object is looked at again at least every settings.recheck_seconds (no event announces its
+    deletion). Retries write no status and post no Event unless the failure's message changed."""
+    why = None if run is None else (run.failure.message if run.failure is not None else run.retry)
+    if run is None or why is None:
+        queue.forget(key)
+        if run is not None and run.requeue_after is not None:
+            queue.add_after(key, run.requeue_after)
+        return
+    conflict = run.failure is not None and run.failure.reason == Reason.OWNERSHIP_CONFLICT
+    first = queue.failures(key) == 0
+    delay = queue.add_rate_limited(key, settings.current().recheck_seconds if conflict else None)
+    (log.info if first else log.debug)(f"{key[0]}/{key[1]}: not converged, retrying in {delay:.1f} s: {why}")
+
+
 def worker(api: client.ApiClient, queue: WorkQueue[CRKey]) -> None:
     """Take keys until the queue shuts down; one CR's failure never stops the worker."""
     while True:
@@ -644,15 +743,14 @@ def worker(api: client.ApiClient, queue: WorkQueue[CRKey]) -> None:
         except ShutDown:
             return
         try:
-            requeue = reconcile_key(api, key)
-        except Exception as e:  # transient API trouble or a failed status write: back off and retry this key
+            run = reconcile_key(api, key)
+        except Exception as e:  # transient API trouble or a refused status write: back off and retry this key
             delay = queue.add_rate_limited(key)
-            metrics.api_error("reconcile", type(e).__name__)
-            log.warning(f"reconcile {key[0]}/{key[1]}: {e!r}; retrying in {delay:.1f} s")
+            code, text = describe(e)
+            metrics.api_error("reconcile", code)
+            log.warning(f"reconcile {key[0]}/{key[1]} failed ({text}); retrying in {delay:.1f} s")
         else:
-            queue.forget(key)
-            if requeue is not None:
-                queue.add_after(key, requeue)
+            schedule(queue, key, run)
         finally:
             queue.done(key)
 

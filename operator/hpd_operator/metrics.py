@@ -35,8 +35,10 @@ CONTROLLER = "hybridpddeployment"
 """The `controller` label value (controller-runtime uses the lower-cased kind)."""
 PHASES = tuple(str(p) for p in Phase)
 TERMINAL_REASONS = frozenset({Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT})
-"""Failures a retry cannot fix (the user's input; the CR's status names the field or object): counted as errors and
-as terminal errors. Reason.RECONCILE_ERROR (a bug, or input no check foresaw) and exceptions are plain errors."""
+"""Failures that wait for someone to act (the CR's status names the field, the refused child or the object holding
+a name): counted as errors and as terminal errors. The operator still retries them with capped backoff (a 403 goes
+away when RBAC is granted or discovery catches up), so "terminal" classifies the error for alerts, it does not stop
+retries. Reason.RECONCILE_ERROR (a bug, or input no check foresaw) and exceptions are plain errors."""
 ROLES = (*contract.ROLES, contract.COMPONENT_ROUTER)
 
 # controller-runtime's reconcile histogram buckets (pkg/internal/controller/metrics/metrics.go).
@@ -55,7 +57,8 @@ RECONCILE_ERRORS = Counter(
 )
 TERMINAL_RECONCILE_ERRORS = Counter(
     "controller_runtime_terminal_reconcile_errors_total",
-    "Reconciliation errors that retrying cannot fix (an invalid spec: status InvalidSpec until the spec changes).",
+    "Reconciliation errors that wait for someone to act (InvalidSpec, ApplyFailed, OwnershipConflict in the CR's "
+    "status); retried with capped backoff all the same.",
     ["controller"],
 )
 RECONCILE_TIME = Histogram(
@@ -71,6 +74,12 @@ OBJECTS_APPLIED = Counter(
     "hpd_operator_objects_applied_total",
     "Child objects server-side applied, by kind and outcome (created, updated, unchanged).",
     ["kind", "action"],
+)
+OWNER_REFERENCES_DEFERRED = Counter(
+    "hpd_operator_owner_references_deferred_total",
+    "Children written without blockOwnerDeletion because the apiserver could not resolve the CR's kind yet (a CRD "
+    "created moments before); completed on a retry.",
+    ["kind"],
 )
 OBJECTS_PRUNED = Counter("hpd_operator_objects_pruned_total", "Stale child objects deleted, by kind.", ["kind"])
 API_ERRORS = Counter(
@@ -140,6 +149,7 @@ REGISTRY.register(_PerCRCollector())
 _QUEUE_BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
 WORKQUEUE_DEPTH = Gauge("workqueue_depth", "Current depth of workqueue.", ["name"])
 WORKQUEUE_ADDS = Counter("workqueue_adds_total", "Total number of adds handled by workqueue.", ["name"])
+WORKQUEUE_RETRIES = Counter("workqueue_retries_total", "Total number of retries handled by workqueue.", ["name"])
 WORKQUEUE_QUEUE_DURATION = Histogram(
     "workqueue_queue_duration_seconds",
     "How long in seconds an item stays in workqueue before being requested.",
@@ -165,19 +175,25 @@ OBSERVED_OBJECTS = Gauge(
 
 
 class Outcome:
-    """What one reconcile ended in; `failed(reason)` records a failure the run reported in the CR's status."""
+    """What one reconcile ended in; `failed(reason)` records a failure the run reported in the CR's status,
+    `requeue` a run without failure that is retried with backoff (`retry`) or looked at again later (`after`)."""
 
     def __init__(self) -> None:
         self.failure: Reason | None = None
+        self.result = "success"
 
     def failed(self, reason: Reason | None) -> None:
         self.failure = reason
 
+    def requeue(self, *, retry: bool, after: bool) -> None:
+        self.result = "requeue" if retry else "requeue_after" if after else "success"
+
 
 @contextlib.contextmanager
 def reconcile() -> Iterator[Outcome]:
-    """Time one reconcile and count its result: success, or error (an exception, or a failure reported in the
-    status; the user-input ones in TERMINAL_REASONS are also terminal errors)."""
+    """Time one reconcile and count its result as controller-runtime does: success, requeue (not converged yet,
+    retried with backoff), requeue_after (converged; looked at again later), or error (an exception, or a failure
+    reported in the status; the ones in TERMINAL_REASONS are also terminal errors)."""
     start = time.monotonic()
     ACTIVE_WORKERS.labels(CONTROLLER).inc()
     outcome, raised = Outcome(), True
@@ -187,7 +203,7 @@ def reconcile() -> Iterator[Outcome]:
     finally:
         ACTIVE_WORKERS.labels(CONTROLLER).dec()
         error = raised or outcome.failure is not None
-        RECONCILE_TOTAL.labels(CONTROLLER, "error" if error else "success").inc()
+        RECONCILE_TOTAL.labels(CONTROLLER, "error" if error else outcome.result).inc()
         if error:
             RECONCILE_ERRORS.labels(CONTROLLER).inc()
         if not raised and outcome.failure in TERMINAL_REASONS:
@@ -248,7 +264,7 @@ def forget(namespace: str, name: str) -> None:
 def _initialize() -> None:
     """Export the reconcile series at 0 from startup (as controller-runtime does), so rates and differences work
     before the first error."""
-    for result in ("success", "error"):
+    for result in ("success", "error", "requeue", "requeue_after"):
         RECONCILE_TOTAL.labels(CONTROLLER, result)
     RECONCILE_ERRORS.labels(CONTROLLER)
     TERMINAL_RECONCILE_ERRORS.labels(CONTROLLER)
@@ -258,6 +274,7 @@ def _initialize() -> None:
         API_REQUESTS.labels(method)
     WORKQUEUE_DEPTH.labels(CONTROLLER)
     WORKQUEUE_ADDS.labels(CONTROLLER)
+    WORKQUEUE_RETRIES.labels(CONTROLLER)
     WORKQUEUE_QUEUE_DURATION.labels(CONTROLLER)
     WORKQUEUE_WORK_DURATION.labels(CONTROLLER)
 

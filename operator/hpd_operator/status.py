@@ -8,7 +8,8 @@ CR is then `Ready=False, reason=ScaledToZero`: nothing can answer on the endpoin
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import datetime
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,12 +69,44 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
+NOT_SCHEDULED_AFTER = 60.0
+"""Seconds a pod may wait for its scheduler's first look (a PodScheduled condition) before the role is Degraded
+(NotScheduled). The default scheduler looks at a new pod within a second; a loaded one within seconds."""
+
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def unlooked_age(pod: Mapping[str, Any], now: str | None) -> float | None:
+    """Seconds an unbound pod has waited without any scheduler's verdict (None: bound, judged, or unknown)."""
+    md, sp, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if sp.get("nodeName") or md.get("deletionTimestamp"):
+        return None
+    if any(c.get("type") == "PodScheduled" for c in st.get("conditions") or []):
+        return None
+    t0, t1 = _parse_time(md.get("creationTimestamp")), _parse_time(now)
+    return None if t0 is None or t1 is None else max((t1 - t0).total_seconds(), 0.0)
+
+
+def next_pod_check(pods: Iterable[Mapping[str, Any]], now: str | None) -> float | None:
+    """Seconds until the next unbound, unjudged pod reaches NOT_SCHEDULED_AFTER (no event announces that moment)."""
+    waits = [NOT_SCHEDULED_AFTER - a for p in pods if (a := unlooked_age(p, now)) is not None]
+    waits = [w for w in waits if w > 0]
+    return min(waits) + 1.0 if waits else None
+
+
 def pod_problems(
-    pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None
+    pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None, now: str | None = None
 ) -> tuple[list[tuple[Reason, str]], int]:
-    """Unschedulable pods (with the scheduler's message) and Ready pods bound to a node that no longer exists
-    (`nodes` = the names of the existing nodes; None = unknown). Returns the problems and how many pods counted
-    Ready by their Deployment are on lost nodes."""
+    """Unschedulable pods (with the scheduler's message), pods no scheduler has looked at for NOT_SCHEDULED_AFTER
+    seconds, and Ready pods bound to a node that no longer exists (`nodes` = the names of the existing nodes; None =
+    unknown). Returns the problems and how many pods counted Ready by their Deployment are on lost nodes."""
     out: list[tuple[Reason, str]] = []
     lost_ready = 0
     for pod in pods:
@@ -83,6 +116,11 @@ def pod_problems(
         for c in st.get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
                 out.append((Reason.UNSCHEDULABLE, f"pod {md.get('name')}: {c.get('message', 'unschedulable')}"))
+        age = unlooked_age(pod, now)
+        if age is not None and age >= NOT_SCHEDULED_AFTER:
+            sched = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+            out.append((Reason.NOT_SCHEDULED, f"pod {md.get('name')} has waited {age:.0f} s and no scheduler has "
+                        f"looked at it: is the scheduler {sched!r} running (podTemplate.spec.schedulerName)?"))  # fmt: skip
         node = (pod.get("spec") or {}).get("nodeName")
         if node and nodes is not None and node not in nodes:
             out.append((Reason.NODE_LOST, f"pod {md.get('name')} is bound to node {node}, which no longer exists"))
@@ -106,8 +144,9 @@ def role_state(
     deployment: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]] | None = None,
     nodes: Collection[str] | None = None,
+    now: str | None = None,
 ) -> RoleState:
-    problems, lost_ready = pod_problems(pods or (), nodes)
+    problems, lost_ready = pod_problems(pods or (), nodes, now)
     if deployment is None:
         return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
@@ -192,7 +231,7 @@ def compute_status(
     """
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
-    states = _states(spec, observed, pods or {}, nodes)
+    states = _states(spec, observed, pods or {}, nodes, now)
     details = role_details or {}
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
@@ -229,6 +268,7 @@ def _states(
     observed: Mapping[str, Mapping[str, Any] | None],
     pods: Mapping[str, Sequence[Mapping[str, Any]]],
     nodes: Collection[str] | None,
+    now: str | None = None,
 ) -> dict[str, RoleState]:
     out: dict[str, RoleState] = {}
     for comp in COMPONENTS:
@@ -239,7 +279,7 @@ def _states(
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        out[comp] = role_state(desired, dep, pods.get(comp), nodes)  # a component left out: its pods not observed
+        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now)  # a component left out: pods not observed
     return out
 
 

@@ -2,9 +2,12 @@
 
 - A key is queued at most once: adding a key that waits already does nothing (triggers coalesce).
 - A key being processed is never handed to a second worker; added meanwhile, it is queued again when `done`.
-- `add_after` delays an add (retries with backoff, a requeue while something is still settling); one timer thread.
-- `add_rate_limited` backs off per key (base * 2^failures, capped); `forget` resets a key's count after a success.
-- Metrics under controller-runtime's names: workqueue_depth, workqueue_adds_total,
+- `add_after` delays an add (a retry with backoff, a requeue while something is still settling). As client-go's
+  delaying queue: ONE waiting entry per key, the earliest time wins (a later `add_after` of a key that already waits
+  for an earlier time changes nothing; an earlier one moves it forward). One timer thread.
+- `add_rate_limited` backs off per key (base * 2^failures, capped: client-go's ItemExponentialFailureRateLimiter),
+  counting a retry (`workqueue_retries_total`); `forget` resets a key's count after a success.
+- Metrics under controller-runtime's names: workqueue_depth, workqueue_adds_total, workqueue_retries_total,
   workqueue_queue_duration_seconds, workqueue_work_duration_seconds (label `name`).
 """
 
@@ -37,7 +40,10 @@ class WorkQueue(Generic[K]):
         self._added_at: dict[K, float] = {}
         self._started_at: dict[K, float] = {}
         self._failures: dict[K, int] = {}
-        self._waiting: list[tuple[float, int, K]] = []
+        self._due: dict[K, float] = {}
+        """The one waiting entry per key: when it is due (monotonic)."""
+        self._heap: list[tuple[float, int, K]] = []
+        """(due, seq, key); an entry whose due time is no longer `_due[key]` is stale and skipped."""
         self._seq = 0
         self._shutdown = False
         self._timer = threading.Thread(target=self._delayer, name=f"{name}-delayer", daemon=True)
@@ -63,16 +69,22 @@ class WorkQueue(Generic[K]):
         with self._cond:
             if self._shutdown:
                 return
+            due = time.monotonic() + delay
+            if self._due.get(key, float("inf")) <= due:
+                return  # already waiting for an earlier time
+            self._due[key] = due
             self._seq += 1
-            heapq.heappush(self._waiting, (time.monotonic() + delay, self._seq, key))
+            heapq.heappush(self._heap, (due, self._seq, key))
             self._cond.notify_all()
 
-    def add_rate_limited(self, key: K) -> float:
-        """Add after this key's backoff; returns the delay."""
+    def add_rate_limited(self, key: K, max_delay: float | None = None) -> float:
+        """Add after this key's backoff (capped at `max_delay`, default the queue's); returns the delay."""
         with self._cond:
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
-        delay = float(min(self.base_delay * 2.0**n, self.max_delay))
+        metrics.WORKQUEUE_RETRIES.labels(self.name).inc()
+        cap = self.max_delay if max_delay is None else min(max_delay, self.max_delay)
+        delay = float(min(self.base_delay * 2.0 ** min(n, 62), cap))
         self.add_after(key, delay)
         return delay
 
@@ -80,13 +92,30 @@ class WorkQueue(Generic[K]):
         with self._cond:
             self._failures.pop(key, None)
 
+    def failures(self, key: K) -> int:
+        """How often `key` was added rate-limited since it was last forgotten."""
+        with self._cond:
+            return self._failures.get(key, 0)
+
+    def waiting(self, key: K) -> float | None:
+        """Seconds until `key`'s waiting entry is due (None: none waits)."""
+        with self._cond:
+            due = self._due.get(key)
+        return None if due is None else max(due - time.monotonic(), 0.0)
+
+    def _pop_due(self, now: float) -> list[K]:
+        due: list[K] = []
+        while self._heap and self._heap[0][0] <= now:
+            at, _, key = heapq.heappop(self._heap)
+            if self._due.get(key) == at:  # not a stale entry left by an earlier-time add_after
+                del self._due[key]
+                due.append(key)
+        return due
+
     def _delayer(self) -> None:
         with self._cond:
             while not self._shutdown:
-                now = time.monotonic()
-                due: list[K] = []
-                while self._waiting and self._waiting[0][0] <= now:
-                    due.append(heapq.heappop(self._waiting)[2])
+                due = self._pop_due(time.monotonic())
                 if due:
                     self._cond.release()
                     try:
@@ -95,7 +124,7 @@ class WorkQueue(Generic[K]):
                     finally:
                         self._cond.acquire()
                     continue
-                timeout = self._waiting[0][0] - now if self._waiting else None
+                timeout = self._heap[0][0] - time.monotonic() if self._heap else None
                 self._cond.wait(timeout)
 
     # --- working -------------------------------------------------------------------------------------------------

@@ -34,6 +34,11 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("block-size-multiple-of-16", {"model": M, "blockSize": 40}, "spec.blockSize must be a multiple of 16"),
     ("operator-owned-env", {"model": M, "env": [{"name": "HPD_ROLE", "value": "x"}]}, "spec.env may not set env"),
+    (  # 64 values of 24 KB: a 1.57 MB CR etcd stored, but whose every status write it refused (#32)
+        "env-size",
+        {"model": M, "env": [{"name": f"E{i}", "value": "x" * 24_000} for i in range(64)]},
+        "spec.env values may total at most 256 KiB",
+    ),
     ("cache-pvc-needs-claim", {"model": M, "cache": {"type": "pvc"}}, "cache.claimName is required"),
     (
         "one-model-source",

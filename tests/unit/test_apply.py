@@ -45,3 +45,26 @@ def test_one_event_object_per_cr_type_reason_and_message() -> None:
     assert n == event_name(body, "Warning", "ApplyFailed", "m") and len(n) <= 253
     assert n != event_name(body, "Warning", "ApplyFailed", "other")
     assert n != event_name({"metadata": {"name": "a" * 300, "uid": "u2"}}, "Warning", "ApplyFailed", "m")
+
+
+def test_the_owner_kind_race_is_told_apart_from_a_real_403_and_unblocked_children_keep_their_owner() -> None:
+    from kubernetes import client
+
+    race = (
+        '{"kind":"Status","message":"services \\"x\\" is forbidden: cannot set blockOwnerDeletion in this case '
+        "because cannot find RESTMapping for APIVersion hybridpd.io/v1alpha1 Kind HybridPDDeployment: no matches "
+        'for kind \\"HybridPDDeployment\\" in version \\"hybridpd.io/v1alpha1\\"","code":403}'
+    )
+    rbac = '{"kind":"Status","message":"services is forbidden: User \\"x\\" cannot patch resource","code":403}'
+    assert k8s.owner_kind_unknown(client.ApiException(status=403, reason="Forbidden", body=race))
+    assert not k8s.owner_kind_unknown(client.ApiException(status=403, reason="Forbidden", body=rbac))
+    assert not k8s.owner_kind_unknown(client.ApiException(status=422, reason="Invalid", body=race))
+    ref = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "name": "a", "uid": "u"}
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "a", "ownerReferences": [{**ref, "controller": True, "blockOwnerDeletion": True}]},
+    }
+    out = k8s.without_block_owner_deletion(obj)
+    assert out["metadata"]["ownerReferences"] == [{**ref, "controller": True}]
+    assert obj["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True  # pure: the input is unchanged

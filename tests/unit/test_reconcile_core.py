@@ -54,6 +54,36 @@ def test_add_after_and_backoff_per_key() -> None:
     q.shutdown()
 
 
+def test_a_key_waits_at_most_once_and_the_earliest_time_wins() -> None:
+    q: WorkQueue[str] = WorkQueue("t5")
+    for _ in range(50):  # e.g. a retry after every event of a CR stuck in a conflict
+        q.add_after("a", 30.0)
+    q.add_after("a", 60.0)  # later: changes nothing
+    assert q._due.keys() == {"a"} and 29 < (q.waiting("a") or 0) <= 30
+    q.add_after("a", 0.05)  # earlier: moves the one entry forward
+    assert 0 < (q.waiting("a") or 0) <= 0.05
+    assert q.get() == "a"
+    q.done("a")
+    assert q.waiting("a") is None and q._due == {}
+    assert len(q._heap) <= 2  # the stale heap entries are skipped, not re-added: nothing else arrives
+    q.shutdown()
+
+
+def test_rate_limited_retries_back_off_per_key_capped_and_counted() -> None:
+    from hpd_operator import metrics
+
+    q: WorkQueue[str] = WorkQueue("t6", base_delay=1.0, max_delay=60.0)
+    before = metrics.WORKQUEUE_RETRIES.labels("t6")._value.get()
+    delays = [q.add_rate_limited("a") for _ in range(9)]
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+    assert [q.add_rate_limited("b", max_delay=10.0) for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert q.failures("a") == 9 and metrics.WORKQUEUE_RETRIES.labels("t6")._value.get() - before == 15
+    assert set(q._due) == {"a", "b"}  # one waiting entry each, however many retries were asked for
+    q.forget("a")
+    assert q.failures("a") == 0 and q.add_rate_limited("a") == 1.0
+    q.shutdown()
+
+
 def test_shutdown_releases_waiting_workers() -> None:
     q: WorkQueue[str] = WorkQueue("t4")
     out: list[str] = []

@@ -11,7 +11,7 @@ from hpd_operator.api.models import CONDITION_TYPES, HybridPDDeploymentSpec, Hyb
 from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
-from hpd_operator.status import MAX_MESSAGE, compute_status, transitions
+from hpd_operator.status import MAX_MESSAGE, NOT_SCHEDULED_AFTER, compute_status, next_pod_check, transitions
 
 SEED = Path(__file__).resolve().parents[2] / "examples" / "nemotron-3-nano.yaml"
 
@@ -160,6 +160,27 @@ def test_unschedulable_pod_makes_the_role_degraded_with_the_schedulers_reason() 
     assert c["Degraded"]["status"] == "True" and c["Degraded"]["reason"] == "Unschedulable"
     assert why in c["Degraded"]["message"]
     assert st["phase"] == "Degraded" and c["Ready"]["status"] == "False"
+
+
+def test_a_pod_no_scheduler_looks_at_turns_the_role_degraded_after_a_minute() -> None:
+    """#32: a pod waiting for a scheduler that does not exist (podTemplate.spec.schedulerName) left Degraded=False."""
+    waiting = pod("d-1", ready=False)
+    waiting["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    waiting["spec"]["schedulerName"] = "gpu-packer"
+    pods = {"decode": [waiting]}
+    early = conds(status(spec(), {**ALL_READY, "decode": dep(1, 0)}, pods=pods, now="2026-12-01T10:00:30Z"))
+    assert early["Degraded"]["status"] == "False" and early["DecodeReady"]["reason"] != "NotScheduled"
+    assert next_pod_check(pods["decode"], "2026-12-01T10:00:30Z") == NOT_SCHEDULED_AFTER - 30 + 1
+    late = conds(status(spec(), {**ALL_READY, "decode": dep(1, 0)}, pods=pods, now="2026-12-01T10:01:01Z"))
+    assert late["Degraded"]["status"] == "True" and late["Degraded"]["reason"] == "NotScheduled"
+    assert "'gpu-packer'" in late["DecodeReady"]["message"] and "d-1" in late["DecodeReady"]["message"]
+    assert next_pod_check(pods["decode"], "2026-12-01T10:01:01Z") is None  # already reported: no more timer
+    judged = pod("d-2", ready=False, unschedulable="0/4 nodes are available")
+    judged["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"
+    again = conds(
+        status(spec(), {**ALL_READY, "decode": dep(1, 0)}, pods={"decode": [judged]}, now="2026-12-01T11:00:00Z")
+    )
+    assert again["Degraded"]["reason"] == "Unschedulable"  # a scheduler looked: its verdict, not NotScheduled
 
 
 def test_ready_pod_on_a_lost_node_is_not_counted_ready() -> None:

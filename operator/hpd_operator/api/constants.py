@@ -46,6 +46,10 @@ DEFAULT_WARMUP_CONCURRENCY: Final = contract.WARMUP_CONCURRENCY_DEFAULT
 MAX_EXTRA_ARGS: Final = 64
 MAX_ARG_LENGTH: Final = 1024
 MAX_ENV: Final = 64
+MAX_ENV_VALUE: Final = 32_768
+MAX_ENV_BYTES: Final = 262_144
+"""spec.env values together (as Kubernetes bounds an object's annotations): 64 values of 24 KB made a 1.57 MB CR
+that etcd stored but whose every status write it then refused (#32)."""
 MAX_TENSOR_PARALLEL_SIZE: Final = 64
 MAX_REPLICAS: Final = 1024
 MAX_RESOURCES: Final = 16
@@ -82,6 +86,11 @@ DENIED_FLAGS: Final = MappingProxyType(
         "--disable-log-stats": "it removes every vllm:* metric from /metrics (dashboards, alerts, autoscaling)",
         "--pipeline-parallel-size": "one pipeline stage per pod: GPUs, the NIXL handshake and the cache key assume it",
         "--data-parallel-size": "one data-parallel rank per pod: the NIXL side-channel port is base + DP rank",
+        "--headless": "vLLM would serve no API: the probes, the warmup, the pair check and the router need it",
+        "--nnodes": "one replica is one pod: vLLM's multi-node launch is not supported",
+        "--node-rank": "one replica is one pod: vLLM's multi-node launch is not supported",
+        "--master-addr": "one replica is one pod: vLLM's multi-node launch is not supported",
+        "--master-port": "one replica is one pod: vLLM's multi-node launch is not supported",
         "--config": "a YAML file of flags would bypass these checks (vLLM reads it before the command line)",
         "--help": "vLLM prints its help and exits (the pod would restart forever)",
     }

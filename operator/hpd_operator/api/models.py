@@ -411,7 +411,7 @@ class NetworkPolicySpec(_Model):
 
 class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=253)
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=c.MAX_ENV_VALUE)
     value_from: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] | None = None
     """core/v1 EnvVarSource."""
 

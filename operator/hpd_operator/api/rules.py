@@ -230,6 +230,15 @@ RULES: Final[tuple[Rule, ...]] = (
         check=_owned_env,
     ),
     Rule(
+        id="env-size",
+        scope="spec",
+        cel=f"!has(self.env) || self.env.map(e, has(e.value) ? size(e.value) : 0).sum() <= {c.MAX_ENV_BYTES}",
+        message=f"spec.env values may total at most {c.MAX_ENV_BYTES // 1024} KiB (as Kubernetes bounds an object's "
+        "annotations): a larger CR leaves etcd no room to store its status",
+        field=".env",
+        check=_when(lambda s: sum(len(e.value or "") for e in s.env) > c.MAX_ENV_BYTES, ".env"),
+    ),
+    Rule(
         id="warmup-prompt-shorter-than-max-model-len",
         scope="spec",
         cel="!has(self.model.maxModelLen) || !has(self.warmup) || !has(self.warmup.promptLengths)"
