@@ -27,6 +27,10 @@ before Ready; the rendered HPD_GEMM_WARMUP_TOKENS, from spec.warmup.everyLength,
 `CR@no-gemm-warmup:steps` removes that env from both roles (the A/B baseline), `CR@gemm-warmup:steps` sets it;
 `gemm_warmup_log` records the plugin's lines.
 
+Every run records vLLM's own KV transfer figures (`kv_transfer`): decode's `KV Transfer metrics` log lines
+(transfer-weighted: MB and ms per transfer, descriptors, GB/s) and its `vllm:nixl_*` counters from /metrics, read
+before the roles stop. bench/gpu/kv_path.py measures the same path without vLLM; docs/kv-path.md reads the two.
+
 Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first on one host (a TP=1 role takes the
 first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
 build of the CR's image tag on each role's PYTHONPATH, so one lane can run CRs of different vLLM versions.
@@ -476,6 +480,107 @@ def block_sizes(roles: dict[str, Role]) -> dict[str, dict[str, int | None]]:
     return out
 
 
+# --- vLLM's own KV transfer figures (decode side) -------------------------------------------------------------------
+KV_XFER_LINE = "KV Transfer metrics:"
+"""vLLM 0.20's periodic stats line on decode: `KV Transfer metrics: Num successful transfers=N, Avg xfer time (ms)=X,
+P90 xfer time (ms)=X, Avg post time (ms)=X, P90 post time (ms)=X, Avg MB per transfer=X, Throughput (MB/s)=X,
+Avg number of descriptors=X` (kv_connector/v1/metrics.py:103 joins NixlKVConnectorStats.reduce(), nixl/stats.py:84-123,
+as `k=v` with ", "). Its "MB" are MiB (bytes / 2**20), per interval since the previous line."""
+KV_XFER_KEYS = {
+    "Num successful transfers": "transfers",
+    "Avg xfer time (ms)": "avg_xfer_ms",
+    "P90 xfer time (ms)": "p90_xfer_ms",
+    "Avg post time (ms)": "avg_post_ms",
+    "P90 post time (ms)": "p90_post_ms",
+    "Avg MB per transfer": "avg_mib_per_transfer",
+    "Throughput (MB/s)": "throughput_mib_s",
+    "Avg number of descriptors": "avg_descriptors",
+}
+NIXL_METRICS = ("vllm:nixl_xfer_time_seconds", "vllm:nixl_post_time_seconds", "vllm:nixl_bytes_transferred",
+                "vllm:nixl_num_descriptors")  # fmt: skip
+"""Histograms recorded on decode per successful transfer (nixl/stats.py:130-264): `_sum` and `_count` are enough for
+the means; `vllm:nixl_num_failed_transfers_total` counts the failures."""
+
+
+def parse_kv_transfer_line(line: str) -> dict[str, float] | None:
+    """One `KV Transfer metrics:` line -> its figures under KV_XFER_KEYS' names, plus `gbps` (1e9 bytes/s, the unit
+    bench/gpu/kv_path.py reports); None for any other line."""
+    i = line.find(KV_XFER_LINE)
+    if i < 0:
+        return None
+    out: dict[str, float] = {}
+    for item in line[i + len(KV_XFER_LINE) :].strip().split(", "):
+        key, sep, value = item.partition("=")
+        name = KV_XFER_KEYS.get(key.strip())
+        if not sep or name is None:
+            continue
+        try:
+            out[name] = float(value.strip())
+        except ValueError:
+            continue
+    if "transfers" not in out:
+        return None
+    out["transfers"] = int(out["transfers"])
+    mib_s = out.get("throughput_mib_s")
+    out["gbps"] = round(mib_s * 2**20 / 1e9, 4) if mib_s is not None else float("nan")
+    return out
+
+
+def kv_transfer_log(text: str) -> dict[str, Any]:
+    """Every `KV Transfer metrics` line of a decode log, and their transfer-weighted aggregate."""
+    lines = [x for x in (parse_kv_transfer_line(ln) for ln in text.splitlines()) if x and x["transfers"] > 0]
+    n = sum(int(x["transfers"]) for x in lines)
+    if not n:
+        return {"lines": lines, "transfers": 0}
+    xfer_s = sum(x["transfers"] * x.get("avg_xfer_ms", 0.0) / 1e3 for x in lines)
+    mib = sum(x["transfers"] * x.get("avg_mib_per_transfer", 0.0) for x in lines)
+    descs = sum(x["transfers"] * x.get("avg_descriptors", 0.0) for x in lines)
+    return {"lines": lines, "transfers": n, "mb_per_transfer": round(mib * 2**20 / n / 1e6, 3),
+            "ms_per_transfer": round(xfer_s / n * 1e3, 3), "descriptors_per_transfer": round(descs / n, 1),
+            "gbps": round(mib * 2**20 / xfer_s / 1e9, 4) if xfer_s > 0 else None}  # fmt: skip
+
+
+def parse_nixl_metrics(text: str) -> dict[str, Any]:
+    """decode's /metrics -> the NIXL transfer figures since start: transfers, bytes and time per transfer, GB/s
+    (bytes_sum / xfer_time_sum), descriptors per transfer, failures. Sums over label sets (engines, TP ranks)."""
+    sums: dict[str, float] = {}
+    for ln in text.splitlines():
+        if not ln.startswith("vllm:nixl_"):
+            continue
+        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([^\s]+)", ln)
+        if not m:
+            continue
+        try:
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
+        except ValueError:
+            continue
+    n = sums.get("vllm:nixl_xfer_time_seconds_count", 0.0)
+    out: dict[str, Any] = {"transfers": int(n),
+                           "failed_transfers": int(sums.get("vllm:nixl_num_failed_transfers_total", 0.0)),
+                           "present": any(k.startswith(NIXL_METRICS) for k in sums)}  # fmt: skip
+    if n:
+        t = sums.get("vllm:nixl_xfer_time_seconds_sum", 0.0)
+        b = sums.get("vllm:nixl_bytes_transferred_sum", 0.0)
+        out.update({"mb_per_transfer": round(b / n / 1e6, 3), "ms_per_transfer": round(t / n * 1e3, 3),
+                    "post_ms_per_transfer": round(sums.get("vllm:nixl_post_time_seconds_sum", 0.0) / n * 1e3, 3),
+                    "descriptors_per_transfer": round(sums.get("vllm:nixl_num_descriptors_sum", 0.0) / n, 1),
+                    "gbps": round(b / t / 1e9, 4) if t > 0 else None})  # fmt: skip
+    return out
+
+
+def kv_transfer_figures(decode: Role) -> dict[str, Any]:
+    """How the KV moved in this run, in vLLM's own figures: decode's `KV Transfer metrics` lines and its /metrics."""
+    out: dict[str, Any] = {}
+    have_log = decode.log is not None and decode.log.exists()
+    out["log"] = kv_transfer_log(log_text(decode)) if have_log else {"transfers": 0}
+    # the pair check moves KV before Ready; what the measured requests moved is in the lines after it
+    if have_log and decode.t_ready is not None:
+        out["log_after_ready"] = kv_transfer_log(log_text(decode, decode.log_offset_at_ready))
+    status, body = get(f"http://127.0.0.1:{PORTS['decode']['vllm']}/metrics", 5.0)
+    out["metrics"] = parse_nixl_metrics(body) if status == 200 else {"error": f"/metrics answered {status}"}
+    return out
+
+
 ERROR_PATTERN = re.compile(r"ERROR|Traceback|Segmentation|NIXL_ERR|Remote I/O|core dumped", re.I)
 
 
@@ -696,6 +801,10 @@ def run_step(
     except Exception as exc:  # a failed step is reported; the next one still runs
         res["error"] = f"{type(exc).__name__}: {exc}"
     finally:
+        try:  # before the roles stop: decode's /metrics is still up
+            res["kv_transfer"] = kv_transfer_figures(roles["decode"])
+        except Exception as exc:
+            res["kv_transfer"] = {"error": f"{type(exc).__name__}: {exc}"}
         if router is not None:
             router.stop()
         res["exit_codes_after_sigterm"] = {n: stop_role(r) for n, r in roles.items()}
