@@ -122,7 +122,7 @@ class FaultProxy:
             self._session = session
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
-            runner = web.AppRunner(app, access_log=None)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)  # end open watch streams at once
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
