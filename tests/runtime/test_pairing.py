@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -212,3 +213,90 @@ def test_a_pd_request_that_fails_while_local_succeeds_is_a_mismatch(start_fake: 
     _, state = warm(cfg, Peers(prefill))
     ready, why = evaluate_readiness(state, cfg)
     assert not ready and why.startswith(pc.DIFFERS) and "HTTP 400" in why and "nan" in why
+
+
+# --- after Ready: the canary, the KV path's figures, re-checks past the warmup deadline ---------------------------
+DECODE_CONNECTOR = ("--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}')
+
+
+def test_the_pair_check_reports_the_kv_path_it_measured_and_a_rate_below_the_fabric_floor(
+    start_fake: Callable[..., Fake],
+) -> None:
+    """#26: the KV rate and bytes per request of the pair check's own transfers (decode's NIXL counters around it)
+    in the readiness report and the metrics; below the declared fabric's floor the report says so, Ready stays."""
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", *DECODE_CONNECTOR)
+    cfg = decode_cfg(decode, **{c.ENV_KV_FABRIC: "rdma", c.ENV_KV_FLOOR_BYTES_PER_SECOND: str(5e9)})
+    _, state = warm(cfg, Peers(prefill))
+    ready, why = evaluate_readiness(state, cfg)
+    assert ready and why.startswith("ok; KV moved at ") and " over rdma (" in why, why
+    assert "below the 5 GB/s floor of fabric rdma" in why  # the stand-in moves ~0.5 GB/s
+    rate = state.metrics.registry.get_sample_value("hpd_runtime_kv_transfer_bytes_per_second", {"fabric": "rdma"})
+    per = state.metrics.registry.get_sample_value("hpd_runtime_kv_transfer_bytes_per_request", {"fabric": "rdma"})
+    assert rate is not None and 1e8 < rate < 5e9 and per is not None and per > 0
+    assert state.metrics.registry.get_sample_value("hpd_runtime_kv_transfer_below_floor", {"fabric": "rdma"}) == 1
+
+
+def test_the_canary_reproves_each_prefill_on_its_period_and_a_failing_one_turns_decode_not_ready(
+    start_fake: Callable[..., Fake],
+) -> None:
+    """#31: a pair that passed at Ready goes bad later with no identity change (a wedged agent): the canary finds
+    it within one period, decode turns not Ready with the reason, and recovers once the path is good again."""
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", *DECODE_CONNECTOR)
+    cfg = decode_cfg(decode, **{c.ENV_CANARY_SECONDS: "0.5"})
+    peers = Peers(prefill)
+    wu, state = warm(cfg, peers)
+    monitor = wu.monitor
+    assert isinstance(monitor, PairMonitor)
+    n = len(prefill.requests())
+    monitor.step()  # within the period: nothing
+    assert len(prefill.requests()) == n
+    time.sleep(0.6)
+    monitor.step()
+    sent = prefill.requests()[n:]
+    assert len(sent) == c.CANARY_LENGTHS and all(r["body"].get("kv_transfer_params") for r in sent), sent
+    reg = state.metrics.registry
+    assert reg.get_sample_value("hpd_runtime_canary_checks_total", {"result": "ok"}) == 1
+    assert (reg.get_sample_value("hpd_runtime_canary_last_success_timestamp_seconds",
+                                 {"prefill": f"{LOOPBACK}:{prefill.port}"}) or 0) > time.time() - 60  # fmt: skip
+    assert evaluate_readiness(state, cfg)[0]
+
+    decode.control(pd_output="wrong-tokens")  # the path goes bad; nothing changes identity
+    time.sleep(0.6)
+    monitor.step()
+    ready, why = evaluate_readiness(state, cfg)
+    assert not ready and why.startswith(pc.DIFFERS)
+    assert reg.get_sample_value("hpd_runtime_canary_checks_total", {"result": "differs"}) == 1
+
+    decode.control(pd_output="ok")
+    monitor.step()  # while faulted, the fault's own re-check runs on every poll of a pair that had passed
+    assert evaluate_readiness(state, cfg)[0]
+
+
+def test_the_canary_is_off_at_zero(start_fake: Callable[..., Fake]) -> None:
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    wu, _ = warm(decode_cfg(decode, **{c.ENV_CANARY_SECONDS: "0"}), Peers(prefill))
+    assert wu.monitor is not None
+    n = len(prefill.requests())
+    time.sleep(0.2)
+    wu.monitor.step()
+    assert len(prefill.requests()) == n
+
+
+def test_a_prefill_restart_is_rechecked_after_the_warmup_timeout_has_passed(start_fake: Callable[..., Fake]) -> None:
+    """The warmup's deadline bounded the monitor's re-checks too: once warmupTimeoutSeconds had passed since start,
+    every re-check ended "deadline reached" and decode stopped following its prefill."""
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    cfg = decode_cfg(decode, **{c.ENV_WARMUP_TIMEOUT_SECONDS: "2"})
+    peers = Peers(prefill)
+    wu, state = warm(cfg, peers)
+    assert wu.monitor is not None
+    time.sleep(2.2)  # past the warmup's deadline
+    decode.control(pd_output="wrong-tokens")
+    peers.boot = "boot-2"
+    wu.monitor.step()
+    ready, why = evaluate_readiness(state, cfg)
+    assert not ready and why.startswith(pc.DIFFERS), why

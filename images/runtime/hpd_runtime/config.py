@@ -44,6 +44,9 @@ class RuntimeConfig:
     pair_recheck_seconds: float
     pair_max_logprob_delta: float
     pair_restart_on_break: bool
+    canary_seconds: float
+    kv_fabric: str
+    kv_floor_bytes_per_second: float
     vllm_command: str | None
     stable_triton_cache: bool
 
@@ -108,7 +111,8 @@ def _lengths(env: Mapping[str, str]) -> tuple[int, ...]:
     return lengths
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float | None = None) -> float:
+    """A number > 0 (or >= `minimum` when given: 0 turns a period off)."""
     raw = env.get(name, "").strip()
     if raw == "":
         return default
@@ -116,8 +120,10 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError as e:
         raise ConfigError(f"{name}={raw!r} is not a number") from e
-    if not value > 0:
+    if minimum is None and not value > 0:
         raise ConfigError(f"{name}={raw!r} must be > 0")
+    if minimum is not None and not value >= minimum:
+        raise ConfigError(f"{name}={raw!r} must be >= {minimum:g}")
     return value
 
 
@@ -179,6 +185,9 @@ def load_config(env: Mapping[str, str], vllm_args: Sequence[str] = ()) -> Runtim
         pair_recheck_seconds=_float(env, c.ENV_PAIR_RECHECK_SECONDS, c.PAIR_RECHECK_SECONDS_DEFAULT),
         pair_max_logprob_delta=_float(env, c.ENV_PAIR_MAX_LOGPROB_DELTA, c.PAIR_MAX_LOGPROB_DELTA_DEFAULT),
         pair_restart_on_break=c.env_flag(env.get(c.ENV_PAIR_RESTART_ON_BREAK), default=True),
+        canary_seconds=_float(env, c.ENV_CANARY_SECONDS, c.CANARY_SECONDS_DEFAULT, minimum=0.0),
+        kv_fabric=env.get(c.ENV_KV_FABRIC, "").strip() or "tcp",
+        kv_floor_bytes_per_second=_float(env, c.ENV_KV_FLOOR_BYTES_PER_SECOND, 0.0, minimum=0.0),
         vllm_command=env.get(c.ENV_VLLM_COMMAND, "").strip() or None,
         stable_triton_cache=c.env_flag(env.get(c.ENV_STABLE_TRITON_CACHE), default=True),
     )

@@ -101,6 +101,13 @@ ENV_PAIR_MAX_LOGPROB_DELTA: Final = "HPD_PAIR_MAX_LOGPROB_DELTA"
 """Decode: the largest |top-1 logprob| difference P->D vs local that the pair check accepts (nats); default 0.5."""
 ENV_PAIR_RESTART_ON_BREAK: Final = "HPD_PAIR_RESTART_ON_BREAK"
 """Decode: restart vLLM (exit the container) when a pair that had passed stays broken; default on."""
+ENV_CANARY_SECONDS: Final = "HPD_CANARY_SECONDS"
+"""Decode: every how many seconds a short verified P->D round trip re-proves each Ready prefill after Ready (the
+canary); 0 = off. From spec.warmup.canarySeconds."""
+ENV_KV_FABRIC: Final = "HPD_KV_FABRIC"
+"""The fabric the CR declares between prefill and decode (spec.kvTransfer.fabric: tcp, rdma): named in the report."""
+ENV_KV_FLOOR_BYTES_PER_SECOND: Final = "HPD_KV_FLOOR_BYTES_PER_SECOND"
+"""Decode: below this measured KV rate the runtime reports the path as slow for its fabric (0 = no floor)."""
 
 # --- Runtime knobs with safe defaults (the operator normally leaves them unset; tests and debugging set them) ---
 ENV_VLLM_HOST: Final = "HPD_VLLM_HOST"
@@ -134,6 +141,9 @@ WARMUP_TIMEOUT_SECONDS_DEFAULT: Final = 900
 GEMM_WARMUP_SECONDS_DEFAULT: Final = 300
 WARMUP_MAX_TOKENS_DEFAULT: Final = 4
 PAIR_RECHECK_SECONDS_DEFAULT: Final = 10.0
+CANARY_SECONDS_DEFAULT: Final = 300.0
+CANARY_LENGTHS: Final = 2
+"""Prompts per canary round trip (the shortest and the longest of the pair check's lengths)."""
 PAIR_MAX_LOGPROB_DELTA_DEFAULT: Final = 0.5
 EXIT_PAIR_BROKEN: Final = 75
 """`launch` exit status after it stopped vLLM because P->D stayed broken (EX_TEMPFAIL: the kubelet restarts it)."""

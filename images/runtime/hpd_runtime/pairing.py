@@ -18,6 +18,17 @@ had passed turns bad on RESTART_AFTER_FAILURES consecutive re-checks, `on_broken
 vLLM and exits with EXIT_PAIR_BROKEN, so the kubelet restarts the container with a fresh NIXL agent (vllm#49238:
 on 0.20 nothing else releases a stale agent), which also closes vLLM's port: the router (which keeps routing to
 NotReady pods, router#279) gets connection errors instead of wrong answers.
+
+Canary (after Ready, `canary_seconds`, 0 = off): a pair that passed is re-proved on that period even when nothing
+changed identity (a wedged NIXL agent, a UCX transport change, an OOM-restarted prefill between two polls): one
+round of CANARY_LENGTHS prompts, logprob-checked and transfer-proven like the pair check, against every Ready
+prefill, straight to the peers (never through the router). A failing canary is a failed pair check: decode turns
+not Ready with the reason, and RESTART_AFTER_FAILURES in a row restart vLLM. It never runs while a pair is faulted
+(the fault's own re-checks run then) nor before the warmup's pair check passed (the monitor starts after it).
+
+Every check and canary reads decode's own NIXL counters around it (`kvstats`): the KV rate and bytes per request go
+into the readiness report (`ok; KV moved at 21.3 GB/s, 178 MB per request over rdma ...`) and the metrics; below the
+floor of the declared fabric (HPD_KV_FLOOR_BYTES_PER_SECOND) the report says so (Ready stays as it is).
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from hpd_runtime import contract as c
+from hpd_runtime import kvstats
 from hpd_runtime import paircheck as pc
 from hpd_runtime.config import RuntimeConfig
 from hpd_runtime.http_client import RequestError, Response, base_url, request
@@ -64,6 +77,8 @@ class PairResult:
     ok: bool
     summary: str
     verdicts: tuple[pc.Verdict, ...]
+    kv: kvstats.KVSpan | None = None
+    """Decode's NIXL counters over the check (None: vLLM exports none)."""
 
 
 def pair_prompt(length: int, seed: int) -> list[int]:
@@ -144,14 +159,23 @@ class PairChecker:
             return pc.Verdict(False, f"{len(prompt)}-token prompt: {e}", float("nan"))
         return pc.compare(pd_c, local_c, self.cfg.pair_max_logprob_delta)
 
-    def check(self, host: str, port: int) -> PairResult:
-        """All rounds against one prefill; raises PairTransportError when the pair cannot be exercised."""
+    def lengths(self, canary: bool) -> list[tuple[int, int]]:
+        """(round, prompt length) of a pair check, or of a canary (the shortest and longest lengths, one round)."""
+        lengths = pc.pair_lengths(self.limit)
+        if canary:
+            return [(0, n) for n in sorted({min(lengths), max(lengths)})][: c.CANARY_LENGTHS]
+        return [(rnd, n) for rnd in range(pc.PAIR_ROUNDS) for n in lengths]
+
+    def check(self, host: str, port: int, *, canary: bool = False) -> PairResult:
+        """All rounds against one prefill (one short round: `canary`); raises PairTransportError when the pair
+        cannot be exercised."""
         url = base_url(host, port)
         verdicts: list[pc.Verdict] = []
         t0 = time.monotonic()
-        for rnd in range(pc.PAIR_ROUNDS):
-            for i, n in enumerate(pc.pair_lengths(self.limit)):
-                verdicts.append(self.one(url, pair_prompt(n, seed=7919 * (rnd + 1) + i + int(time.time()) % 1000)))
+        before = kvstats.read(self.cfg.vllm_host, self.cfg.vllm_port)
+        for i, (rnd, n) in enumerate(self.lengths(canary)):
+            verdicts.append(self.one(url, pair_prompt(n, seed=7919 * (rnd + 1) + i + int(time.time()) % 1000)))
+        kv = kvstats.span(before, kvstats.read(self.cfg.vllm_host, self.cfg.vllm_port))
         ok = all(v.ok for v in verdicts)
         summary = pc.summarize(verdicts, f"{host}:{port}")
         m = self.state.metrics
@@ -159,10 +183,11 @@ class PairChecker:
         finite = [v.max_delta for v in verdicts if v.max_delta == v.max_delta]
         if finite:
             m.pair_max_logprob_delta.set(max(finite))
-        log_event("pair_check", level="info" if ok else "error", prefill=f"{host}:{port}", ok=ok, summary=summary,
-                  seconds=round(time.monotonic() - t0, 3),
-                  deltas=[round(v.max_delta, 4) for v in verdicts])  # fmt: skip
-        return PairResult(ok, summary, tuple(verdicts))
+        log_event("canary" if canary else "pair_check", level="info" if ok else "error", prefill=f"{host}:{port}",
+                  ok=ok, summary=summary, seconds=round(time.monotonic() - t0, 3),
+                  deltas=[round(v.max_delta, 4) for v in verdicts],
+                  kv=dataclasses.asdict(kv) if kv is not None else None)  # fmt: skip
+        return PairResult(ok, summary, tuple(verdicts), kv)
 
 
 class PairMonitor:
@@ -186,6 +211,23 @@ class PairMonitor:
         self.was_good = False
         self.failures = 0
         self.last_fault_check = 0.0
+        self.last_canary = time.monotonic()
+
+    def record_kv(self, kv: kvstats.KVSpan | None) -> None:
+        """The KV path's figures of one passed check: readiness report, metrics, and a warning below the floor."""
+        if kv is None or kv.bytes_per_second is None or kv.bytes_per_transfer is None:
+            return
+        fabric, floor = self.cfg.kv_fabric, self.cfg.kv_floor_bytes_per_second
+        report = kv.describe(fabric)
+        slow = floor > 0 and kv.bytes_per_second < floor
+        if slow:
+            report += f": below the {floor / 1e9:g} GB/s floor of fabric {fabric} (did UCX fall back to TCP?)"
+        m = self.state.metrics
+        m.kv_bytes_per_second.labels(fabric=fabric).set(kv.bytes_per_second)
+        m.kv_bytes_per_request.labels(fabric=fabric).set(kv.bytes_per_transfer)
+        m.kv_below_floor.labels(fabric=fabric).set(1 if slow else 0)
+        self.state.set_kv_report(report)
+        log_event("kv_path", level="warning" if slow else "info", report=report)
 
     def record(self, host: str, port: int, result: PairResult) -> None:
         """Apply one check's outcome to the state (used by the warmup's initial check too)."""
@@ -193,6 +235,7 @@ class PairMonitor:
             self.verified[(host, port)] = self.identity(host, self.cfg.prefill_runtime_port)
             self.was_good, self.failures = True, 0
             self.state.set_pair_fault(None)
+            self.record_kv(result.kv)
         else:
             self.verified.pop((host, port), None)
             self.failures += 1
@@ -214,10 +257,38 @@ class PairMonitor:
                 out.append((host, port))
         return out
 
+    def canary(self) -> None:
+        """One canary round trip against every verified peer (see the module doc)."""
+        self.last_canary = time.monotonic()
+        m = self.state.metrics
+        for host, port in list(self.verified):
+            try:
+                result = self.checker.check(host, port, canary=True)
+            except PairTransportError as e:
+                m.canary_checks.labels(result="error").inc()
+                log_event("canary_error", level="warning", prefill=f"{host}:{port}", error=str(e))
+                continue  # the peer may be going away; the next poll sees it
+            m.canary_checks.labels(result="ok" if result.ok else "differs").inc()
+            if result.ok:
+                m.canary_last_success.labels(prefill=f"{host}:{port}").set(time.time())
+            good_before = self.was_good
+            self.record(host, port, result)
+            if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
+                self.on_broken(result.summary)
+                return
+
+    def canary_due(self) -> bool:
+        period = self.cfg.canary_seconds
+        return period > 0 and self.was_good and time.monotonic() - self.last_canary >= period
+
     def step(self) -> None:
-        """One poll: re-check changed peers (and, while faulted, everything every FAULT_RECHECK_SECONDS)."""
+        """One poll: re-check changed peers (and, while faulted, everything every FAULT_RECHECK_SECONDS); when
+        nothing else is due and the pair is good, the canary on its period."""
         faulted = self.state.pair_fault() is not None
         todo = self.changed_peers()
+        if not todo and not faulted and self.canary_due():
+            self.canary()
+            return
         every = self.cfg.pair_recheck_seconds if self.was_good else FAULT_RECHECK_SECONDS
         if faulted and not todo and time.monotonic() - self.last_fault_check >= every:
             todo = self.resolver(self.cfg.prefill_service or "", self.cfg.prefill_port)

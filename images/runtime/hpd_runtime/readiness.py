@@ -79,6 +79,36 @@ class RuntimeMetrics:
         self.vllm_healthy = Gauge(
             "hpd_runtime_vllm_healthy", "1 when the last live check of vLLM /health returned 200.", registry=r
         )
+        self.kv_bytes_per_second = Gauge(
+            "hpd_runtime_kv_transfer_bytes_per_second",
+            "Decode: the KV transfer rate measured in the last pair check or canary (bytes / NIXL transfer seconds).",
+            ["fabric"],
+            registry=r,
+        )
+        self.kv_bytes_per_request = Gauge(
+            "hpd_runtime_kv_transfer_bytes_per_request",
+            "Decode: KV bytes per transferred request in the last pair check or canary.",
+            ["fabric"],
+            registry=r,
+        )
+        self.kv_below_floor = Gauge(
+            "hpd_runtime_kv_transfer_below_floor",
+            "Decode: 1 when the last measured KV rate was below the floor of the declared fabric.",
+            ["fabric"],
+            registry=r,
+        )
+        self.canary_checks = Counter(
+            "hpd_runtime_canary_checks",
+            "Decode: canary P->D round trips after Ready, by result (ok, differs, error).",
+            ["result"],
+            registry=r,
+        )
+        self.canary_last_success = Gauge(
+            "hpd_runtime_canary_last_success_timestamp_seconds",
+            "Decode: Unix time of the last canary that passed, per prefill peer.",
+            ["prefill"],
+            registry=r,
+        )
 
 
 class RuntimeState:
@@ -96,6 +126,7 @@ class RuntimeState:
         self.boot_id = uuid.uuid4().hex
         """Identifies this runtime process (= this vLLM process: `launch` exits with vLLM); decode peers poll it."""
         self._pair_fault: str | None = None
+        self._kv_report: str | None = None
 
     def set_pair_fault(self, reason: str | None) -> None:
         """Decode: why P->D is not trusted now (None = the pair checks pass)."""
@@ -106,6 +137,15 @@ class RuntimeState:
     def pair_fault(self) -> str | None:
         with self._lock:
             return self._pair_fault
+
+    def set_kv_report(self, report: str) -> None:
+        """Decode: what the last pair check or canary measured of the KV path (shown by /readyz when ready)."""
+        with self._lock:
+            self._kv_report = report
+
+    def kv_report(self) -> str | None:
+        with self._lock:
+            return self._kv_report
 
     def set_phase(self, phase: str, reason: str) -> None:
         with self._lock:
@@ -154,7 +194,8 @@ def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, s
     elif status != 200:
         ready, why = False, f"vLLM {c.PATH_VLLM_HEALTH} returned {status if status is not None else 'no answer'}"
     else:
-        ready, why = True, "ok"
+        kv = state.kv_report()
+        ready, why = True, "ok" if kv is None else f"ok; {kv}"
     state.note_ready(ready)
     return ready, why
 

@@ -400,6 +400,10 @@ class Warmup:
         self.state.metrics.warmup_duration.set(took)
         log_event("warmup_finished", seconds=round(took, 3), pair_prefill=prefill,
                   pair_fault=self.state.pair_fault())  # fmt: skip
+        # The warmup's deadline bounds the warmup only: the monitor's re-checks and canaries after it are bounded per
+        # request (pairing.REQUEST_TIMEOUT_SECONDS). Left in place, every re-check once the warmup timeout had
+        # passed since start ended "deadline reached" and decode stopped following its prefill.
+        self.deadline = float("inf")
         self.state.mark_warm()
         return True
 
