@@ -1,0 +1,117 @@
+"""bench/load (issue #27, and #26's P->D first-token figures): what the GPU burst will run, checked on the CPU. The
+end-to-end run against the vLLM stand-in, the real router and vLLM's own `vllm bench serve` is
+tests/versions/test_load_smoke_vllm.py (it needs the vLLM parser venv)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOAD = REPO / "bench" / "load"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_load_{name}", LOAD / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run_load = load("run_load")
+run = run_load.run  # bench/gpu/run.py as run_load imports it
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpd_operator", "render", "-f", str(REPO / "bench/gpu/sample-crs.yaml"), "-o", "json"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def test_colocated_replicas_are_the_rendered_prefill_without_the_kv_connector(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Same flags, env, memory and cache key as the P/D prefill (so the replicas reuse its compile caches), minus
+    --kv-transfer-config, each on its own ports; equal hardware: two replicas of one role's GPU memory."""
+    run.PORTS.update({n: {"vllm": 8400 + 100 * i, "runtime": 8401 + 100 * i, "side": 5800}
+                      for i, n in enumerate(run_load.COLOCATED)})  # fmt: skip
+    pd = run.role_commands(rendered, "nemotron-h-8b", tmp_path, tmp_path / "cache")
+    colo, notes = run_load.colocated_roles(rendered, "nemotron-h-8b", tmp_path, tmp_path / "cache", spread=False)
+    assert list(colo) == ["colo-a", "colo-b"] and notes
+    p = pd["prefill"]
+    for name, r in colo.items():
+        k = p.argv.index("--kv-transfer-config")
+        want = p.argv[:k] + p.argv[k + 2 :]
+        want[want.index("--port") + 1] = str(run.PORTS[name]["vllm"])
+        assert r.argv == want and "--kv-transfer-config" not in r.argv
+        changed = {n for n in set(r.env) | set(p.env) if r.env.get(n) != p.env.get(n)}
+        assert changed == {"HPD_VLLM_PORT", "HPD_RUNTIME_PORT"}
+        assert r.env["HPD_ROLE"] == "prefill" and r.env["HPD_WARMUP_PAIR_CHECK"] == "false"
+        assert r.env["CUDA_VISIBLE_DEVICES"] == p.env["CUDA_VISIBLE_DEVICES"]
+    assert colo["colo-a"].env["HPD_RUNTIME_PORT"] != colo["colo-b"].env["HPD_RUNTIME_PORT"]
+    run.GPUS[:] = [0, 1]
+    spread, _ = run_load.colocated_roles(rendered, "nemotron-h-8b", tmp_path, tmp_path / "cache", spread=True)
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in spread.values()] == ["0", "1"]
+
+
+@pytest.mark.parametrize("sweep", ["h200", "smoke"])
+def test_sweep_points_fit_the_cr_and_repeat_exactly_on_both_sides(rendered: list[dict[str, Any]], sweep: str) -> None:
+    """Every point's longest prompt plus its longest output fits --max-model-len; names and seeds are unique (the
+    colocated side runs the P/D side's points by name with the same seeds)."""
+    decode = run.rendered_container(rendered, "nemotron-h-8b", "decode")["args"]
+    max_len = int(decode[decode.index("--max-model-len") + 1])
+    points = run_load.SWEEPS[sweep] + run_load.PROBES[sweep]
+    assert len({p.name for p in points}) == len({p.seed for p in points}) == len(points)
+    for p in points:
+        rr = json.loads(p.range_ratio) if p.range_ratio.startswith("{") else float(p.range_ratio)
+        r_in, r_out = (rr["input"], rr["output"]) if isinstance(rr, dict) else (rr, rr)
+        assert math.ceil(p.input_len * (1 + r_in)) + math.ceil(p.output_len * (1 + r_out)) <= max_len, p.name
+        assert p.family in {"warmup", "concurrency", "rate", "length", "probe"}
+        assert (p.max_concurrency is None) != (p.request_rate is None) or p.family == "probe", p.name
+    if sweep == "h200":
+        assert [p.x for p in run_load.PROBES["h200"]] == [1024, 4096, 8192]  # issue #26: about 1k, 4k and 8k
+        assert all(p.max_concurrency == 1 and p.num_prompts >= 5 and p.detailed for p in run_load.PROBES["h200"])
+        for p in run_load.SWEEPS["h200"]:  # 128-256 output tokens
+            r = json.loads(p.range_ratio)["output"] if p.range_ratio.startswith("{") else float(p.range_ratio)
+            assert math.floor(p.output_len * (1 - r)) >= 128 and math.ceil(p.output_len * (1 + r)) <= 256, p.name
+        assert {p.family for p in run_load.SWEEPS["h200"]} == {"warmup", "concurrency", "rate", "length"}
+
+
+def test_bench_argv_states_the_slo_percentiles_and_seed() -> None:
+    p = run_load.SWEEPS["h200"][1]
+    argv = run_load.bench_argv(p, base_url="http://127.0.0.1:8090", model="m", tokenizer=Path("/t"),
+                               result_dir=Path("/r"), filename="f.json", label="pd-router")  # fmt: skip
+
+    def val(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert val("--dataset-name") == "random" and val("--seed") == str(p.seed) and val("--tokenizer") == "/t"
+    assert val("--max-concurrency") == str(p.max_concurrency) and "--request-rate" not in argv
+    assert argv[argv.index("--goodput") + 1 : argv.index("--goodput") + 3] == ["ttft:2000", "tpot:50"]
+    assert val("--metric-percentiles") == "50,90,99" and val("--percentile-metrics") == "ttft,tpot,itl,e2el"
+    assert "--ignore-eos" in argv and "--save-result" in argv and val("--result-filename") == "f.json"
+    rate = run_load.bench_argv(run_load.SWEEPS["h200"][4], base_url="u", model="m", tokenizer=Path("/t"),
+                               result_dir=Path("/r"), filename="f", label="l")  # fmt: skip
+    assert rate[rate.index("--request-rate") + 1] == "4" and "--max-concurrency" not in rate
+
+
+def test_the_sweep_time_is_split_evenly_after_the_next_sides_start() -> None:
+    f = run_load.sweep_end
+    assert f(100.0, 500.0, next_side=False, side_start_s=120.0, probe_s=18.0) == 500.0
+    reserve = run_load.COLOCATED_START_FACTOR * 120.0 + 18.0 + run_load.STOP_EST_S
+    assert f(100.0, 500.0, next_side=True, side_start_s=120.0, probe_s=18.0) == pytest.approx(100 + (400 - reserve) / 2)
+    assert f(100.0, 200.0, next_side=True, side_start_s=300.0, probe_s=18.0) == 100.0  # nothing left: no sweep
