@@ -25,6 +25,8 @@ The whole run keeps to `--deadline-s`: after the pd side is Ready and probed, th
 side's expected start) is split evenly between the two sweeps; a point starts only if its expected seconds (Point.est_s,
 on the H200) fit, and the colocated side runs the points the pd side ran, in the same order. Skipped points are listed.
 
+`--sides pd:probe,colocated` runs the pd side's probe only (e.g. the A/B's baseline) before the colocated side.
+
 A plan variant applies to both sides' engines like run.py's (`CR@env+NAME=VALUE`, `CR@env-NAME`, ...): e.g.
 `nemotron-h-8b@env+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y` (docs/kv-path.md) before the profile renders it.
 
@@ -38,7 +40,9 @@ import argparse
 import json
 import os
 import queue
+import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -127,7 +131,7 @@ SWEEPS: dict[str, list[Point]] = {
 }
 PROBES: dict[str, list[Point]] = {
     "h200": [
-        Point(f"probe-{n // 1024}k", "probe", n, n, 16, 5, 26000 + i, 6, max_concurrency=1, warmups=1, detailed=True)
+        Point(f"probe-{n // 1024}k", "probe", n, n, 16, 5, 26000 + i, 4, max_concurrency=1, warmups=1, detailed=True)
         for i, n in enumerate((1024, 4096, 8192))
     ],
     "smoke": [
@@ -162,12 +166,90 @@ def bench_argv(
     return argv
 
 
+# --- process bookkeeping ----------------------------------------------------------------------------------------------
+def proc_start(pid: int) -> str | None:
+    """The process's start time in clock ticks (/proc/PID/stat field 22): with the pid, it names one process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (every vLLM our runtime's launcher starts leads its own session)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields and int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+class Reaper:
+    """Every process group this run starts (roles, their vLLMs, routers, the load generator), by pid and start time,
+    in `--work`/pgids: vLLM and our launcher lead their own sessions, so a run cut short (the outer time limit) would
+    leave engines holding the GPU; `reap` kills what is left of exactly those, here at the end and from
+    bench/gpu/load-burst.sh at the start of the next call on the machine."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def note(self, pid: int) -> None:
+        if (start := proc_start(pid)) is not None:
+            with self.path.open("a") as fh:
+                fh.write(f"{pid} {start}\n")
+
+    def note_role(self, role: run.Role) -> list[int]:
+        """The role's launcher and the vLLM it started (once it has); returns the vLLM pids."""
+        if role.proc is None:
+            return []
+        kids = children(role.proc.pid)
+        for pid in (role.proc.pid, *kids):
+            self.note(pid)
+        return kids
+
+
+def reap(path: Path) -> list[int]:
+    """SIGKILL to each process group listed in `path` whose leader is still the process that was listed."""
+    killed = []
+    for line in dict.fromkeys(path.read_text().splitlines() if path.exists() else []):
+        pid, _, start = line.partition(" ")
+        if running(int(pid)) and proc_start(int(pid)) == start:
+            try:
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except ProcessLookupError:  # not a group leader after all: the process itself
+                    os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # gone meanwhile
+                continue
+            killed.append(int(pid))
+    return killed
+
+
+def running(pid: int) -> bool:
+    """Exists and is not a zombie (a killed child of a killed parent waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive
+
+
 # --- the load generator process -----------------------------------------------------------------------------------
 class BenchRunner:
     """bench_serve.py as a child: one `vllm bench serve` run per request, vLLM imported once."""
 
-    def __init__(self, python: str, log: Path, env: dict[str, str]) -> None:
-        self.python, self.log_path, self.env = python, log, env
+    def __init__(self, python: str, log: Path, env: dict[str, str], reaper: Reaper) -> None:
+        self.python, self.log_path, self.env, self.reaper = python, log, env, reaper
         self.seq = 0
         self.ready: dict[str, Any] | None = None
         self._start()
@@ -179,6 +261,7 @@ class BenchRunner:
             [self.python, str(HERE / "bench_serve.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=self.env, text=True, bufsize=1, start_new_session=True,
         )  # fmt: skip
+        self.reaper.note(self.proc.pid)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -265,10 +348,13 @@ def spread_roles(roles: dict[str, run.Role]) -> None:
 
 
 class Deployment:
-    def __init__(self, side: str, roles: dict[str, run.Role], out: Path, base_env: dict[str, str]) -> None:
-        self.side, self.roles, self.out, self.base_env = side, roles, out, base_env
+    def __init__(
+        self, side: str, roles: dict[str, run.Role], out: Path, base_env: dict[str, str], reaper: Reaper
+    ) -> None:
+        self.side, self.roles, self.out, self.base_env, self.reaper = side, roles, out, base_env, reaper
         self.router: run.Router | None = None
         self.t_started = 0.0
+        self.engines: dict[str, list[int]] = {}
 
     def start(self, deadline: float) -> dict[str, Any]:
         """Engines one after the other (the next once the previous has allocated its KV cache, as run.py does, so
@@ -277,11 +363,16 @@ class Deployment:
         names = list(self.roles)
         for i, name in enumerate(names):
             run.start_role(self.roles[name], self.out, self.side, self.base_env)
+            self.note(name)
             if i < len(names) - 1:
                 run.wait_kv_allocated(self.roles[name], time.perf_counter() + max(deadline - time.monotonic(), 1))
+                self.note(name)
         run.wait_ready(self.roles, time.perf_counter() + max(deadline - time.monotonic(), 1))
+        for name in names:
+            self.note(name)
         workers = None if self.side == "pd" else names
         self.router = run.Router(self.out, self.side, self.base_env, workers=workers)
+        self.reaper.note(self.router.proc.pid)
         self.t_started = time.monotonic() - t0
         return {
             "start_s": round(self.t_started, 1),
@@ -294,6 +385,8 @@ class Deployment:
             if "decode" in self.roles else None,
             "router_argv": self.router.argv,
             "gpu_memory": gpu_memory(),
+            "kv_cache": {n: kv_cache_lines(r) for n, r in self.roles.items()},
+            "block_sizes": run.block_sizes(self.roles),
         }  # fmt: skip
 
     def alive(self) -> str | None:
@@ -302,17 +395,44 @@ class Deployment:
                 return f"{name} exited with {r.proc.returncode}"
         return None
 
-    def stop(self) -> dict[str, int | None]:
+    def note(self, name: str) -> None:
+        self.engines[name] = sorted({*self.engines.get(name, []), *self.reaper.note_role(self.roles[name])})
+
+    def stop(self) -> dict[str, Any]:
+        """Every role at once (one SIGTERM each, run.stop_role); a vLLM still up after that (its launcher killed at
+        the grace's end) is killed, so the next side's engines find the GPU memory free."""
         if self.router is not None:
             self.router.stop()
-        codes: dict[str, int | None] = {}  # every role stopped at once (one SIGTERM each, run.stop_role)
+        for name in self.roles:
+            self.note(name)
+        codes: dict[str, Any] = {}
         threads = [threading.Thread(target=lambda n=n, r=r: codes.__setitem__(n, run.stop_role(r, 45)))
                    for n, r in self.roles.items()]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        engines = [p for pids in self.engines.values() for p in pids]
+        if left := wait_gone(engines, 10):
+            for pid in left:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            codes["engines_killed"] = left
+            codes["engines_still_up"] = wait_gone(left, 20)
         return codes
+
+
+KV_CACHE_LINE = re.compile(
+    r"(Available KV cache memory: [^\n]*|GPU KV cache size: [^\n]*|Maximum concurrency for [^\n]*)"
+)
+
+
+def kv_cache_lines(role: run.Role) -> list[str]:
+    """vLLM's own lines on the memory it kept for the KV cache (equal hardware on both sides: read them side by side;
+    an engine that profiled while its neighbour warmed up can have a few GB less)."""
+    return [m.group(1).strip() for m in KV_CACHE_LINE.finditer(run.log_text(role))][:6] if role.log else []
 
 
 def gpu_memory() -> str:
@@ -426,7 +546,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rendered", type=Path, required=True, help="`python -m hpd_operator render -o json` output")
     ap.add_argument("--cr", required=True, help="CR[@variant], variants as run.py's (e.g. @env+NAME=VALUE, @env-NAME)")
-    ap.add_argument("--sides", default="pd,colocated", help="pd, colocated or both, in that order")
+    ap.add_argument("--sides", default="pd,colocated",
+                    help="pd, colocated or both, in that order; SIDE:probe = that side's probe only")  # fmt: skip
     ap.add_argument("--sweep", default="h200", choices=sorted(SWEEPS), help="the load points (and probe lengths)")
     ap.add_argument("--no-probe", action="store_true", help="skip the issue #26 probe")
     ap.add_argument("--no-sweep", action="store_true", help="probe only")
@@ -465,8 +586,10 @@ def main(argv: list[str] | None = None) -> int:
 
         shutil.rmtree(cache_root, ignore_errors=True)
     sides = [s for s in args.sides.split(",") if s]
-    if not set(sides) <= {"pd", "colocated"}:
-        raise SystemExit(f"--sides: pd and/or colocated, not {args.sides}")
+    if not set(sides) <= {"pd", "colocated", "pd:probe", "colocated:probe"} or len({s[:2] for s in sides}) < len(sides):
+        raise SystemExit(f"--sides: pd and/or colocated (each optionally :probe), not {args.sides}")
+    probe_only = {s.partition(":")[0] for s in sides if s.endswith(":probe")}
+    sides = [s.partition(":")[0] for s in sides]
     points, probes = ([] if args.no_sweep else SWEEPS[args.sweep]), ([] if args.no_probe else PROBES[args.sweep])
     if args.points:
         wanted = args.points.split(",")
@@ -498,12 +621,15 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         result.write_text(json.dumps(report, indent=1))
 
-    runner = BenchRunner(args.bench_python, args.out / "bench-serve.log", {**base_env, "PYTHONUNBUFFERED": "1"})
+    reaper = Reaper(args.work / "pgids")
+    reap(reaper.path)  # a previous run's engines cut short (none after a clean end)
+    reaper.path.unlink(missing_ok=True)
+    runner = BenchRunner(args.bench_python, args.out / "bench-serve.log", base_env, reaper)
     ran: list[str] | None = None
     pd_start_s: float | None = None
     try:
         for side in sides:
-            rec: dict[str, Any] = report["sides"].setdefault(side, {})
+            rec: dict[str, Any] = report["sides"].setdefault(side, {"probe_only": side in probe_only})
             if side == "pd":
                 roles = run.role_commands(manifests, cr, model_dir, cache_root)
                 if args.one_gpu_per_role:
@@ -517,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in roles.values():
                 run.install_gemm_warmup_plugin(r, args.work)
             rec["roles"] = {n: {"argv": r.argv, "env": r.env} for n, r in roles.items()}
-            dep = Deployment(side, roles, args.out, base_env)
+            dep = Deployment(side, roles, args.out, base_env, reaper)
             try:
                 rec["deployment"] = dep.start(deadline - STOP_EST_S)
                 if side == "pd":
@@ -530,12 +656,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 s.probe(probes, targets, deadline - STOP_EST_S)
                 end = sweep_end(
-                    time.monotonic(), deadline - STOP_EST_S, next_side=side != sides[-1], side_start_s=pd_start_s,
+                    time.monotonic(), deadline - STOP_EST_S, next_side=side != sides[-1] and sides[-1] not in probe_only,
+                    side_start_s=pd_start_s,
                     probe_s=sum(p.est_s for p in probes),  # the colocated side probes its router only
                 )  # fmt: skip
-                todo = points if ran is None else [p for p in points if p.name in ran]
-                done = s.sweep(todo, router, end, dep.alive)
-                ran = done if ran is None else ran
+                if side not in probe_only:
+                    todo = points if ran is None else [p for p in points if p.name in ran]
+                    done = s.sweep(todo, router, end, dep.alive)
+                    ran = done if ran is None else ran
                 rec["summary"] = [summary_row(r) for r in rec.get("probe", []) + rec.get("points", [])]
             except Exception as exc:  # a failed side is reported; the next one still runs
                 rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -554,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
     finally:
         runner.close()
+        report["reaped_at_end"] = reap(reaper.path)
         report["seconds"] = round(time.monotonic() - t0, 1)
         save()
     brief = {side: {"start_s": (r.get("deployment") or {}).get("start_s"), "error": r.get("error"),

@@ -115,3 +115,42 @@ def test_the_sweep_time_is_split_evenly_after_the_next_sides_start() -> None:
     reserve = run_load.COLOCATED_START_FACTOR * 120.0 + 18.0 + run_load.STOP_EST_S
     assert f(100.0, 500.0, next_side=True, side_start_s=120.0, probe_s=18.0) == pytest.approx(100 + (400 - reserve) / 2)
     assert f(100.0, 200.0, next_side=True, side_start_s=300.0, probe_s=18.0) == 100.0  # nothing left: no sweep
+
+
+def test_the_reaper_kills_exactly_the_process_groups_it_noted(tmp_path: Path) -> None:
+    """A run cut short leaves engines in their own sessions holding the GPU: reap() kills the groups the run noted,
+    and nothing whose pid was reused by another process (the start time differs)."""
+    reaper = run_load.Reaper(tmp_path / "pgids")
+    procs = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
+    try:
+        reaper.note(procs[0].pid)
+        start = run_load.proc_start(procs[1].pid)
+        assert start is not None
+        with reaper.path.open("a") as fh:  # the same pid, another process (an earlier start time)
+            fh.write(f"{procs[1].pid} {int(start) - 1}\n")
+        assert run_load.reap(reaper.path) == [procs[0].pid]
+        assert procs[0].wait(10) == -9 and procs[1].poll() is None
+        assert run_load.reap(tmp_path / "absent") == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+def test_children_finds_the_engine_a_launcher_started(tmp_path: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.Popen(['sleep', '60'], "
+                               "start_new_session=True).wait()"], start_new_session=True)  # fmt: skip
+    try:
+        kids: list[int] = []
+        for _ in range(100):
+            if kids := run_load.children(parent.pid):
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        assert len(kids) == 1 and run_load.running(kids[0])
+        role = run.Role("decode", [], {}, 1, proc=parent)
+        assert run_load.Reaper(tmp_path / "pgids").note_role(role) == kids
+        assert run_load.reap(tmp_path / "pgids") == [parent.pid, kids[0]]
+        assert run_load.wait_gone(kids, 10) == []
+    finally:
+        parent.kill()
+        parent.wait(10)

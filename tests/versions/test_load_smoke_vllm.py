@@ -51,6 +51,7 @@ def test_load_benchmark_smoke_through_the_router_with_vllm_bench_serve(tmp_path:
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:], logs)
     res = json.loads((out / "result.json").read_text())
     assert list(res["sides"]) == ["pd", "colocated"] and res["variant"] == VARIANT and not res["skipped_sides"]
+    assert res["reaped_at_end"] == []  # every engine, router and load generator had stopped by itself
     assert res["hardware"] == "one H200, P and D share it" and res["command"].startswith(
         "python3 bench/load/run_load.py"
     )
