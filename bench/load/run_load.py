@@ -188,6 +188,28 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Children, grandchildren, ...: vLLM's API server and its EngineCore under a launcher."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def kill(pid: int) -> bool:
+    """SIGKILL to the group `pid` leads, else to the process alone; False if it was gone."""
+    try:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:  # not a group leader: the process itself
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 class Reaper:
     """Every process group this run starts (roles, their vLLMs, routers, the load generator), by pid and start time,
     in `--work`/pgids: vLLM and our launcher lead their own sessions, so a run cut short (the outer time limit) would
@@ -203,10 +225,10 @@ class Reaper:
                 fh.write(f"{pid} {start}\n")
 
     def note_role(self, role: run.Role) -> list[int]:
-        """The role's launcher and the vLLM it started (once it has); returns the vLLM pids."""
+        """The role's launcher and every process under it (vLLM, its EngineCore); returns those under it."""
         if role.proc is None:
             return []
-        kids = children(role.proc.pid)
+        kids = descendants(role.proc.pid)
         for pid in (role.proc.pid, *kids):
             self.note(pid)
         return kids
@@ -217,14 +239,7 @@ def reap(path: Path) -> list[int]:
     killed = []
     for line in dict.fromkeys(path.read_text().splitlines() if path.exists() else []):
         pid, _, start = line.partition(" ")
-        if running(int(pid)) and proc_start(int(pid)) == start:
-            try:
-                try:
-                    os.killpg(int(pid), signal.SIGKILL)
-                except ProcessLookupError:  # not a group leader after all: the process itself
-                    os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):  # gone meanwhile
-                continue
+        if running(int(pid)) and proc_start(int(pid)) == start and kill(int(pid)):
             killed.append(int(pid))
     return killed
 
@@ -405,23 +420,20 @@ class Deployment:
             self.router.stop()
         for name in self.roles:
             self.note(name)
-        codes: dict[str, Any] = {}
+        codes: dict[str, int | None] = {}
         threads = [threading.Thread(target=lambda n=n, r=r: codes.__setitem__(n, run.stop_role(r, 45)))
                    for n, r in self.roles.items()]  # fmt: skip
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        out: dict[str, Any] = {"exit_codes_after_sigterm": codes}
         engines = [p for pids in self.engines.values() for p in pids]
         if left := wait_gone(engines, 10):
-            for pid in left:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            codes["engines_killed"] = left
-            codes["engines_still_up"] = wait_gone(left, 20)
-        return codes
+            out["engines_killed"] = [p for p in left if kill(p)]
+            out["engines_still_up"] = wait_gone(left, 20)
+        out["gpu_memory_after"] = wait_gpu_free(30)
+        return out
 
 
 KV_CACHE_LINE = re.compile(
@@ -433,6 +445,22 @@ def kv_cache_lines(role: run.Role) -> list[str]:
     """vLLM's own lines on the memory it kept for the KV cache (equal hardware on both sides: read them side by side;
     an engine that profiled while its neighbour warmed up can have a few GB less)."""
     return [m.group(1).strip() for m in KV_CACHE_LINE.finditer(run.log_text(role))][:6] if role.log else []
+
+
+def wait_gpu_free(timeout: float, below_mib: int = 4096) -> str:
+    """After a side stops: until the lane's GPUs hold less than `below_mib` each (the next side's engines check the
+    free memory at start), at most `timeout` s; returns nvidia-smi's last reading."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reading = gpu_memory()
+        used = {}
+        for ln in reading.splitlines():
+            parts = [x.strip().split()[0] for x in ln.split(",")]
+            if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+                used[int(parts[0])] = int(parts[1])
+        if not used or all(used.get(g, 0) < below_mib for g in run.GPUS) or time.monotonic() > deadline:
+            return reading
+        time.sleep(1)
 
 
 def gpu_memory() -> str:
@@ -645,7 +673,10 @@ def main(argv: list[str] | None = None) -> int:
             rec["roles"] = {n: {"argv": r.argv, "env": r.env} for n, r in roles.items()}
             dep = Deployment(side, roles, args.out, base_env, reaper)
             try:
-                rec["deployment"] = dep.start(deadline - STOP_EST_S)
+                # a side followed by another may take at most half of the time left to start
+                last = side == sides[-1]
+                now = time.monotonic()
+                rec["deployment"] = dep.start(deadline - STOP_EST_S if last else now + (deadline - now) / 2)
                 if side == "pd":
                     pd_start_s = dep.t_started
                 rec["load_generator"] = runner.wait_ready(max(deadline - time.monotonic(), 30))
@@ -673,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
                         rec["kv_transfer"] = run.kv_transfer_figures(roles["decode"])
                     except Exception as exc:
                         rec["kv_transfer"] = {"error": f"{type(exc).__name__}: {exc}"}
-                rec["exit_codes_after_sigterm"] = dep.stop()
+                rec["stop"] = dep.stop()
                 rec["error_lines"] = {n: run.error_lines(r, 0) for n, r in roles.items() if r.log is not None}
                 rec["seconds"] = round(time.monotonic() - t0, 1)
                 save()

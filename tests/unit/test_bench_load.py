@@ -154,3 +154,13 @@ def test_children_finds_the_engine_a_launcher_started(tmp_path: Path) -> None:
     finally:
         parent.kill()
         parent.wait(10)
+
+
+def test_the_next_side_waits_for_the_gpu_memory_to_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter(["0, 121034 MiB, 143771 MiB", "0, 60211 MiB, 143771 MiB", "0, 2 MiB, 143771 MiB"])
+    monkeypatch.setattr(run_load, "gpu_memory", lambda: next(readings))
+    monkeypatch.setattr(run_load.time, "sleep", lambda s: None)
+    run.GPUS[:] = [0, 1]
+    assert run_load.wait_gpu_free(30) == "0, 2 MiB, 143771 MiB"
+    monkeypatch.setattr(run_load, "gpu_memory", lambda: "nvidia-smi not available")
+    assert run_load.wait_gpu_free(30) == "nvidia-smi not available"  # no GPU (the CPU smoke test): no wait
