@@ -271,22 +271,23 @@ class BenchRunner:
 
     def _start(self) -> None:
         self.lines: queue.Queue[str] = queue.Queue()
-        self.log = self.log_path.open("a")
         self.proc = subprocess.Popen(
             [self.python, str(HERE / "bench_serve.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=self.env, text=True, bufsize=1, start_new_session=True,
         )  # fmt: skip
         self.reaper.note(self.proc.pid)
-        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.write(line)
-            self.log.flush()
-            if line.startswith(RUNNER_MARK):
-                self.lines.put(line.strip())
-        self.lines.put(f"{RUNNER_MARK} exited {self.proc.wait()}")
+    def _read(self, proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
+        """One process's output: all of it to the log, the protocol lines to its own queue."""
+        assert proc.stdout is not None
+        with self.log_path.open("a") as log:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith(RUNNER_MARK):
+                    lines.put(line.strip())
+        lines.put(f"{RUNNER_MARK} exited {proc.wait()}")
 
     def _wait(self, prefix: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -325,7 +326,6 @@ class BenchRunner:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-        self.log.close()
 
 
 # --- deployments ------------------------------------------------------------------------------------------------------

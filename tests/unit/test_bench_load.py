@@ -164,3 +164,45 @@ def test_the_next_side_waits_for_the_gpu_memory_to_come_back(monkeypatch: pytest
     assert run_load.wait_gpu_free(30) == "0, 2 MiB, 143771 MiB"
     monkeypatch.setattr(run_load, "gpu_memory", lambda: "nvidia-smi not available")
     assert run_load.wait_gpu_free(30) == "nvidia-smi not available"  # no GPU (the CPU smoke test): no wait
+
+
+FAKE_VLLM_BENCH = {
+    "vllm/__init__.py": "__version__ = '0.20.0-fake'\n",
+    "vllm/platforms/__init__.py": "class _P:\n    def is_unspecified(self):\n        return False\n\ncurrent_platform = _P()\n",
+    "vllm/entrypoints/__init__.py": "",
+    "vllm/entrypoints/utils.py": "def cli_env_setup():\n    pass\n",
+    "vllm/utils/__init__.py": "",
+    "vllm/utils/argparse_utils.py": "import argparse\nFlexibleArgumentParser = argparse.ArgumentParser\n",
+    "vllm/benchmarks/__init__.py": "",
+    "vllm/benchmarks/serve.py": (
+        "import json, time\n"
+        "def add_cli_args(p):\n    p.add_argument('--sleep', type=float, default=0)\n"
+        "    p.add_argument('--result-filename', required=True)\n"
+        "def main(args):\n    time.sleep(args.sleep)\n"
+        "    open(args.result_filename, 'w').write(json.dumps({'completed': 1}))\n"
+    ),
+}
+
+
+def test_the_load_generator_process_survives_a_bad_and_a_hung_run(tmp_path: Path) -> None:
+    """bench_serve.py's protocol around vLLM's parser and main (a stand-in package here): a run that argparse
+    refuses is reported and the process goes on; a hung run is cut at its timeout and a fresh process takes the next."""
+    for rel, text in FAKE_VLLM_BENCH.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
+    runner = run_load.BenchRunner(sys.executable, tmp_path / "bench.log", env, run_load.Reaper(tmp_path / "pgids"))
+    try:
+        assert runner.wait_ready(60)["vllm"] == "0.20.0-fake"
+        out = tmp_path / "r.json"
+        assert runner.run(["--result-filename", str(out)], 60)["ok"] and json.loads(out.read_text()) == {"completed": 1}
+        bad = runner.run(["--no-such-flag"], 60)
+        assert not bad["ok"] and "SystemExit" in bad["error"]
+        first = runner.proc.pid
+        hung = runner.run(["--sleep", "600", "--result-filename", str(out)], 2)
+        assert not hung["ok"] and "TimeoutError" in hung["error"] and runner.proc.pid != first
+        assert runner.run(["--result-filename", str(tmp_path / "r2.json")], 60)["ok"]
+        assert "usage" in (tmp_path / "bench.log").read_text()  # vLLM's own output goes to the log
+    finally:
+        runner.close()
+    assert run_load.reap(tmp_path / "pgids") == []  # both processes are gone
