@@ -3,7 +3,7 @@
 #   BURST_SECONDS=S bash bench/gpu/load-burst.sh NAME RUN_LOAD_ARGS...     (run from the repo root on the GPU machine)
 # e.g. BURST_SECONDS=530 bash bench/gpu/load-burst.sh load --cr nemotron-h-8b@env+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y
 # Carried: .gpu/rendered.json (`python -m hpd_operator render -f bench/gpu/sample-crs.yaml -o json`, made on the CPU)
-# and the router wheels in .whl/ (as gpu-burst.sh). bench/load/run_load.py runs with --deadline-s S-30 (its own
+# and the router wheels in .whl/ (as gpu-burst.sh). bench/load/run_load.py runs with --deadline-s S-40 (its own
 # budget, start-up and teardown included) under an outer `timeout` of S s (SIGINT, SIGKILL 20 s later): give the call
 # a limit of at least S+60 s. The caches stay in /tmp/hpd-load for the next call on the same machine.
 # Back in $OUT/NAME/ (at most 6 files): result.json, logs.tar.xz (log tails of vLLM, our runtime, the router's errors
@@ -21,7 +21,7 @@ export HPD_BURST_COMMAND="BURST_SECONDS=$budget bash bench/gpu/load-burst.sh $na
 logs=/tmp/hpd-load-logs/$name
 rm -rf "$logs" && mkdir -p "$logs"
 timeout --signal=INT --kill-after=20 "$budget" python3 bench/load/run_load.py --rendered .gpu/rendered.json \
-  --out "$logs" --work /tmp/hpd-load --deadline-s $((budget - 30)) --vllm-site 0.20.0=/tmp/vllm-site-0.20.0 "$@" \
+  --out "$logs" --work /tmp/hpd-load --deadline-s $((budget - 40)) --vllm-site 0.20.0=/tmp/vllm-site-0.20.0 "$@" \
   > "$logs/run_load.out" 2>&1
 echo "run_load.py rc=$?"
 # engines left by a run cut short (its own process groups, by pid and start time; nothing after a clean end)

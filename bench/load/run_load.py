@@ -500,7 +500,8 @@ class Side:
                           filename=filename, label=f"{self.name}-{target}")  # fmt: skip
         before = scrape_nixl() if nixl else None
         t = time.monotonic()
-        status = self.runner.run(argv, timeout=max(min(4 * p.est_s + 60, end - time.monotonic() + 30), 30))
+        # a point starts only if its expected seconds fit before `end`: it may overrun them 4x, but not `end` by 10 s
+        status = self.runner.run(argv, timeout=max(min(4 * p.est_s + 60, end - time.monotonic() + 10), 20))
         row: dict[str, Any] = {"point": asdict(p), "target": target, "seconds": round(time.monotonic() - t, 1),
                                "command": "vllm bench serve " + shlex.join(argv), "status": status}  # fmt: skip
         path = self.dir / filename
