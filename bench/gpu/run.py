@@ -22,6 +22,8 @@ One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart
            reason recorded; P->D vs colocated outputs through the router for the record.
 A plan item `CR@no-block-size:steps` runs CR's rendered argv with `--block-size N` removed from both roles (an
 experiment: what vLLM does with its own sizes where the operator asks for spec.blockSize); the JSON records it.
+`CR@env+NAME=VALUE:steps` sets one env entry on both roles, `CR@env-NAME:steps` removes one (e.g. the A/B of
+`UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y` before the profile renders it, docs/kv-path.md); the JSON records what changed.
 Every role has hpd_runtime.gemm_warmup installed as the image has it (the vLLM plugin that warms every GEMM row count
 before Ready; the rendered HPD_GEMM_WARMUP_TOKENS, from spec.warmup.everyLength, turns it on);
 `CR@no-gemm-warmup:steps` removes that env from both roles (the A/B baseline), `CR@gemm-warmup:steps` sets it;
@@ -30,6 +32,10 @@ before Ready; the rendered HPD_GEMM_WARMUP_TOKENS, from spec.warmup.everyLength,
 Every run records vLLM's own KV transfer figures (`kv_transfer`): decode's `KV Transfer metrics` log lines
 (transfer-weighted: MB and ms per transfer, descriptors, GB/s) and its `vllm:nixl_*` counters from /metrics, read
 before the roles stop. bench/gpu/kv_path.py measures the same path without vLLM; docs/kv-path.md reads the two.
+
+Model directory: `--model-dir`, else bench/gpu/<the CR's served model name> (tiny-nemotron-h, nemotron-h-8b: config
+only, `--load-format dummy`). A CR served with a tokenizer (no `--skip-tokenizer-init` in its argv) gets a copy of
+that directory with bench/gpu/word_tokenizer.py's files beside config.json (bench/load's prompts are text).
 
 Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first on one host (a TP=1 role takes the
 first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
@@ -92,7 +98,8 @@ NO_NVLINK_MULTICAST: dict[str, str] = {
 HOST_SUBSTITUTIONS = [
     "HPD_POD_IP=127.0.0.1 (the downward API's status.podIP; VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP) expands to it)",
     "--port, HPD_VLLM_PORT, HPD_RUNTIME_PORT, VLLM_NIXL_SIDE_CHANNEL_PORT: distinct per role (one host)",
-    "--model and HPD_MODEL: the local model directory (the CR names the served model)",
+    "--model and HPD_MODEL: the local model directory (the CR names the served model); for a CR served with a "
+    "tokenizer (no --skip-tokenizer-init), a copy of it with bench/gpu/word_tokenizer.py's files",
     "HPD_CACHE_DIR: a local directory (the pod mounts the cache volume at /cache)",
     "HPD_PREFILL_SERVICE=127.0.0.1, HPD_PREFILL_PORT, HPD_PREFILL_RUNTIME_PORT (the pod resolves the headless Service)",
     "HPD_RUNTIME_HOST=127.0.0.1 (loopback only); TRITON_PRINT_AUTOTUNING=1 (measurement)",
@@ -187,6 +194,31 @@ def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cac
     return roles
 
 
+def served_name(manifests: list[dict[str, Any]], cr: str) -> str:
+    args = list(rendered_container(manifests, cr, "decode")["args"])
+    return args[args.index("--served-model-name") + 1]
+
+
+def model_dir_for(manifests: list[dict[str, Any]], cr: str, model_dir: Path | None, work: Path) -> Path:
+    """The directory --model points at: `model_dir`, else bench/gpu/<served model name>. A CR whose argv has no
+    `--skip-tokenizer-init` is served with a tokenizer: it gets a copy of that directory's config.json with the bench
+    word tokenizer beside it (vLLM loads the tokenizer from --model), unless the directory has a tokenizer already."""
+    src = model_dir if model_dir is not None else HERE / served_name(manifests, cr)
+    if (
+        "--skip-tokenizer-init" in rendered_container(manifests, cr, "decode")["args"]
+        or (src / "tokenizer.json").exists()
+    ):
+        return src
+    if str(HERE) not in sys.path:  # run.py imported from elsewhere (bench/load, the tests)
+        sys.path.insert(0, str(HERE))
+    import word_tokenizer
+
+    dst = work / f"model-{src.name}"
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "config.json", dst / "config.json")
+    return word_tokenizer.write(dst)
+
+
 def prepend_pythonpath(env: dict[str, str], entry: str) -> None:
     """Put `entry` first on the role's PYTHONPATH (its own, else this process's)."""
     rest = [x for x in env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if x]
@@ -216,6 +248,40 @@ def disable_gemm_warmup(role: Role) -> str:
     """The @no-gemm-warmup variant (the A/B baseline): the rendered HPD_GEMM_WARMUP_* env removed."""
     gone = [n for n in (contract.ENV_GEMM_WARMUP_TOKENS, contract.ENV_GEMM_WARMUP_SECONDS) if role.env.pop(n, None)]
     return f"removed {', '.join(gone) or 'nothing (the CR had it off)'}"
+
+
+def set_env(role: Role, name: str, value: str) -> str:
+    """The @env+NAME=VALUE variant: one env entry set (or replaced) on the role."""
+    old = role.env.get(name)
+    role.env[name] = value
+    return f"{name}={value}" + ("" if old is None else f" (was {old!r})")
+
+
+def unset_env(role: Role, name: str) -> str:
+    """The @env-NAME variant: one env entry removed from the role (the A/B baseline of an env fix)."""
+    return f"removed {name}" if role.env.pop(name, None) is not None else f"removed nothing ({name} was not set)"
+
+
+VARIANTS = "@no-block-size, @gemm-warmup, @no-gemm-warmup, @env+NAME=VALUE, @env-NAME"
+
+
+def apply_variant(roles: dict[str, Role], variant: str) -> dict[str, str]:
+    """A plan item's `@variant` applied to every role; returns what it did per role (recorded as `experiment`)."""
+    if not variant:
+        return {}
+    if variant == "no-block-size":
+        return {n: f"--block-size removed: {drop_flag(r, '--block-size')}" for n, r in roles.items()}
+    if variant == "gemm-warmup":
+        return {n: enable_gemm_warmup(r) for n, r in roles.items()}
+    if variant == "no-gemm-warmup":
+        return {n: disable_gemm_warmup(r) for n, r in roles.items()}
+    m = re.fullmatch(r"env\+([A-Za-z_][A-Za-z0-9_]*)=(.*)", variant)
+    if m:
+        return {n: set_env(r, m.group(1), m.group(2)) for n, r in roles.items()}
+    m = re.fullmatch(r"env-([A-Za-z_][A-Za-z0-9_]*)", variant)
+    if m:
+        return {n: unset_env(r, m.group(1)) for n, r in roles.items()}
+    raise SystemExit(f"unknown plan variant @{variant} (known: {VARIANTS})")
 
 
 def drop_flag(role: Role, flag: str) -> bool:
@@ -336,16 +402,22 @@ def stop_role(role: Role, grace: float = 60) -> int | None:
 
 
 class Router:
-    def __init__(self, out: Path, tag: str, env: dict[str, str]) -> None:
+    """vllm-router 0.1.17 on loopback: P/D (`--vllm-pd-disaggregation`, prefill and decode of PORTS), or with
+    `workers` its regular mode over those vLLM ports (round robin, as bench/load's colocated side)."""
+
+    def __init__(self, out: Path, tag: str, env: dict[str, str], workers: list[str] | None = None) -> None:
         self.log = out / f"{tag}-router.log"
+        if workers is None:
+            mode = ["--vllm-pd-disaggregation", "--prefill", f"http://127.0.0.1:{PORTS['prefill']['vllm']}",
+                    "--decode", f"http://127.0.0.1:{PORTS['decode']['vllm']}"]  # fmt: skip
+        else:
+            mode = ["--worker-urls", *(f"http://127.0.0.1:{PORTS[w]['vllm']}" for w in workers)]
         argv = [
-            sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())",
-            "--vllm-pd-disaggregation",
-            "--prefill", f"http://127.0.0.1:{PORTS['prefill']['vllm']}",
-            "--decode", f"http://127.0.0.1:{PORTS['decode']['vllm']}",
+            sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())", *mode,
             "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(ROUTER_PORTS["http"]),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORTS["metrics"]),
         ]  # fmt: skip
+        self.argv = argv
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
@@ -540,9 +612,8 @@ def kv_transfer_log(text: str) -> dict[str, Any]:
             "gbps": round(mib * 2**20 / xfer_s / 1e9, 4) if xfer_s > 0 else None}  # fmt: skip
 
 
-def parse_nixl_metrics(text: str) -> dict[str, Any]:
-    """decode's /metrics -> the NIXL transfer figures since start: transfers, bytes and time per transfer, GB/s
-    (bytes_sum / xfer_time_sum), descriptors per transfer, failures. Sums over label sets (engines, TP ranks)."""
+def nixl_metric_sums(text: str) -> dict[str, float]:
+    """decode's /metrics -> every `vllm:nixl_*` sample summed over its label sets (engines, TP ranks)."""
     sums: dict[str, float] = {}
     for ln in text.splitlines():
         if not ln.startswith("vllm:nixl_"):
@@ -554,6 +625,18 @@ def parse_nixl_metrics(text: str) -> dict[str, Any]:
             sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
         except ValueError:
             continue
+    return sums
+
+
+def parse_nixl_metrics(text: str) -> dict[str, Any]:
+    """decode's /metrics -> the NIXL transfer figures since start: transfers, bytes and time per transfer, GB/s
+    (bytes_sum / xfer_time_sum), descriptors per transfer, failures. Sums over label sets (engines, TP ranks)."""
+    return nixl_figures(nixl_metric_sums(text))
+
+
+def nixl_figures(sums: dict[str, float]) -> dict[str, Any]:
+    """The figures of parse_nixl_metrics from summed samples: pass the difference of two scrapes' sums for the
+    transfers between them (nixl_delta)."""
     n = sums.get("vllm:nixl_xfer_time_seconds_count", 0.0)
     out: dict[str, Any] = {"transfers": int(n),
                            "failed_transfers": int(sums.get("vllm:nixl_num_failed_transfers_total", 0.0)),
@@ -566,6 +649,11 @@ def parse_nixl_metrics(text: str) -> dict[str, Any]:
                     "descriptors_per_transfer": round(sums.get("vllm:nixl_num_descriptors_sum", 0.0) / n, 1),
                     "gbps": round(b / t / 1e9, 4) if t > 0 else None})  # fmt: skip
     return out
+
+
+def nixl_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The NIXL figures of the transfers between two scrapes of decode's /metrics (their nixl_metric_sums)."""
+    return nixl_figures({k: v - before.get(k, 0.0) for k, v in after.items()})
 
 
 def kv_transfer_figures(decode: Role) -> dict[str, Any]:
@@ -731,7 +819,6 @@ def run_step(
     cr: str, steps: list[str], manifests: list[dict[str, Any]], args: argparse.Namespace, report: dict[str, Any]
 ) -> None:
     out: Path = args.out
-    model_dir = Path(args.model_dir)
     key, cr, variant = cr, *cr.partition("@")[::2]
     if cr.endswith("-fixed"):
         import make_checkpoint  # bench/gpu is the script's directory, so it is on sys.path already
@@ -739,16 +826,12 @@ def run_step(
         config = "tiny-nemotron-h-rep" if "-rep" in cr else "tiny-nemotron-h"
         model_dir = args.work / f"{config}-fixed"
         make_checkpoint.write_checkpoint(model_dir, HERE / config / "config.json")
+    else:
+        model_dir = model_dir_for(manifests, cr, Path(args.model_dir) if args.model_dir else None, args.work)
     roles = role_commands(manifests, cr, model_dir, args.work / f"cache-{'eager' if 'eager' in cr else 'compile'}")
     res: dict[str, Any] = {}
-    if variant == "no-block-size":
-        res["experiment"] = {n: f"--block-size removed: {drop_flag(r, '--block-size')}" for n, r in roles.items()}
-    elif variant == "gemm-warmup":
-        res["experiment"] = {n: enable_gemm_warmup(r) for n, r in roles.items()}
-    elif variant == "no-gemm-warmup":
-        res["experiment"] = {n: disable_gemm_warmup(r) for n, r in roles.items()}
-    elif variant:
-        raise SystemExit(f"unknown plan variant @{variant} (known: @no-block-size, @gemm-warmup, @no-gemm-warmup)")
+    if variant:
+        res["experiment"] = apply_variant(roles, variant)
     for r in roles.values():
         install_gemm_warmup_plugin(r, args.work)
     served = roles["decode"].argv[roles["decode"].argv.index("--served-model-name") + 1]
@@ -817,7 +900,7 @@ def main() -> int:
     ap.add_argument("--plan", required=True, help="CR:step+step,...  steps: cold shapes restart badpair")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hpd-bench"))
-    ap.add_argument("--model-dir", default=str(HERE / "tiny-nemotron-h"))
+    ap.add_argument("--model-dir", default=None, help="default: bench/gpu/<the CR's served model name>")
     ap.add_argument("--fresh-cache", action="store_true", help="empty the cache volumes first (cold)")
     ap.add_argument("--gpus", default="0,1", help="this lane's GPUs, in order (a TP=t role takes the first t)")
     ap.add_argument("--port-offset", type=int, default=0, help="shift every port (a second lane on one host)")

@@ -15,6 +15,11 @@ it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
                           (NaN logprobs), no-transfer (ok, but cached_tokens 0), nan-http-400 (what vLLM 0.20 answered
                           on the H200 when a P->D answer had NaN logprobs); also POST /_control {"pd_output"}
   --enable-prompt-tokens-details   report usage.prompt_tokens_details.cached_tokens, like vLLM
+  --token-delay S         streaming: sleep S between generated tokens (a decode step)
+
+Prompts are token ids, or text in the bench word tokenizer's form (bench/gpu/word_tokenizer.py: `tN` is token N), as
+`vllm bench serve --dataset-name random` sends them. `"stream": true` answers as vLLM does: server-sent events, one
+`text_completion` chunk per token, a usage chunk when `stream_options.include_usage`, then `data: [DONE]`.
 
 Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
 GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv + env), POST /_control
@@ -56,8 +61,10 @@ class FakeVLLM:
         if self.fail == "bad-request":
             return 400, {"error": {"message": "fake bad request", "code": 400}}
         prompt = body.get("prompt")
-        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-            return 400, {"error": {"message": "expected token ids", "code": 400}}
+        if isinstance(prompt, str):
+            prompt = word_ids(prompt)
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt) or not prompt:
+            return 400, {"error": {"message": "expected token ids or text", "code": 400}}
         n = int(body.get("max_tokens", 16))
         kv_in = body.get("kv_transfer_params")
         from_prefill = isinstance(kv_in, dict) and bool(kv_in.get("do_remote_prefill"))
@@ -94,6 +101,31 @@ class FakeVLLM:
                 "tp_size": 1,
             }
         return 200, resp
+
+
+def word_ids(text: str) -> list[int]:
+    """The bench word tokenizer's encoding (bench/gpu/word_tokenizer.py): `tN` -> N, any other word -> 0 (`<unk>`)."""
+    return [int(w[1:]) if w[:1] == "t" and w[1:].isdigit() else 0 for w in text.split()]
+
+
+def stream_chunks(resp: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A completion answer as vLLM streams it: one chunk per token (the last carries finish_reason), then usage."""
+    choice = resp["choices"][0]
+    ids = choice.get("token_ids") or [0] * int(resp["usage"]["completion_tokens"])
+    head = {k: resp[k] for k in ("id", "object", "created", "model")}
+    out = []
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        c: dict[str, Any] = {"index": 0, "text": f" t{t}", "logprobs": None,
+                             "finish_reason": "length" if last else None, "stop_reason": None}  # fmt: skip
+        if "token_ids" in choice:
+            c["token_ids"] = [t]
+        out.append({**head, "choices": [c], "usage": None})
+    if include_usage:
+        out.append({**head, "choices": [], "usage": resp["usage"]})
+    if resp.get("kv_transfer_params") is not None:
+        out[-1]["kv_transfer_params"] = resp["kv_transfer_params"]
+    return out
 
 
 def sampled(prompt: list[int], n: int, mode: str) -> tuple[list[int], list[float]]:
@@ -164,13 +196,29 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
             t0 = time.monotonic()
             status, payload = app.completion(body, rid)
             if status == 200 and not app.metrics.record(
-                len(body["prompt"]),
+                int(payload["usage"]["prompt_tokens"]),
                 int(body.get("max_tokens", 16)),
                 body.get("kv_transfer_params"),
                 time.monotonic() - t0,
             ):
                 status, payload = 500, {"error": {"message": "KV load failed (injected NIXL failure)", "code": 500}}
-            self._send(status, payload)
+            if status == 200 and body.get("stream"):
+                self._stream(stream_chunks(payload, bool((body.get("stream_options") or {}).get("include_usage"))))
+            else:
+                self._send(status, payload)
+
+        def _stream(self, chunks: list[dict[str, Any]]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            events = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+            for i, ev in enumerate(events):
+                if i and app.ns.token_delay and i < len(events) - 1:
+                    time.sleep(app.ns.token_delay)
+                self.wfile.write(f"{len(ev):x}\r\n".encode() + ev + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -191,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signal-file", default=None)
     p.add_argument("--pd-output", default="ok", choices=["ok", "wrong-tokens", "nan", "no-transfer", "nan-http-400"])
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--token-delay", type=float, default=0.0)
     ns, _unknown = p.parse_known_args(argv)
 
     def on_signal(signum: int, _frame: object) -> None:

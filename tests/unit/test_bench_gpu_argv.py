@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpu"
@@ -149,3 +150,80 @@ def test_the_rendered_env_turns_the_gemm_warmup_on_and_the_plugin_is_discoverabl
                              check=True, env=env, cwd=tmp_path)  # fmt: skip
         found = [e for e in json.loads(out.stdout) if e[0] == "hpd_gemm_warmup"]
         assert found == [["hpd_gemm_warmup", "hpd_runtime.gemm_warmup:register", "hpd_runtime.gemm_warmup.register"]]
+
+
+def test_the_real_size_cr_is_compile_mode_tp1_with_a_tokenizer_and_no_gemm_sweep(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """nemotron-h-8b (issues #26/#27): Nemotron-H-8B-Base-8K's shapes, P/D as users run it (compile mode, TP 1), both
+    roles and later two colocated replicas on one H200 (2 x 0.44 of it), served with a tokenizer for the load
+    generator's text prompts, the GEMM sweep off for the bench only (its CR says so)."""
+    from hpd_runtime import contract
+
+    model_dir = run.model_dir_for(rendered, "nemotron-h-8b", None, tmp_path)
+    assert model_dir == tmp_path / "model-nemotron-h-8b"  # a copy: bench/gpu/nemotron-h-8b stays config only
+    config = json.loads((BENCH / "nemotron-h-8b" / "config.json").read_text())
+    assert json.loads((model_dir / "config.json").read_text()) == config
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    assert len(tok["model"]["vocab"]) == config["vocab_size"] == 131072
+    assert not (BENCH / "nemotron-h-8b" / "tokenizer.json").exists()
+    roles = run.role_commands(rendered, "nemotron-h-8b", model_dir, tmp_path / "cache")
+    for role in roles.values():
+        args = role.argv
+        assert "--enforce-eager" not in args and "--skip-tokenizer-init" not in args
+        assert arg(args, "--tensor-parallel-size") == "1" and arg(args, "--gpu-memory-utilization") == "0.44"
+        assert int(arg(args, "--max-model-len") or 0) >= 9216 <= config["max_position_embeddings"]
+        assert arg(args, "--load-format") == "dummy" and arg(args, "--model") == str(model_dir)
+        assert contract.ENV_GEMM_WARMUP_TOKENS not in role.env  # spec.warmup.everyLength false
+    # the CR's model numbers (the operator's TP checks) are the config's
+    cr = next(
+        d
+        for d in yaml.safe_load_all((BENCH / "sample-crs.yaml").read_text())
+        if d and d["metadata"]["name"] == "nemotron-h-8b"
+    )
+    spec = cr["spec"]["model"]["config"]
+    assert (spec["numAttentionHeads"], spec["numKeyValueHeads"], spec["mambaNumHeads"], spec["mambaNGroups"],
+            spec["hiddenSize"], spec["ssdChunkSize"], spec["hybridOverridePattern"]) == (
+        config["num_attention_heads"], config["num_key_value_heads"], config["mamba_num_heads"], config["n_groups"],
+        config["hidden_size"], config["chunk_size"], config["hybrid_override_pattern"])  # fmt: skip
+    assert len(config["hybrid_override_pattern"]) == config["num_hidden_layers"] == 52
+    # a CR served with --skip-tokenizer-init keeps the config directory itself
+    assert run.model_dir_for(rendered, "tiny-eager", None, tmp_path) == BENCH / "tiny-nemotron-h"
+
+
+def test_word_tokenizer_files_and_encoding(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("bench_word_tokenizer", BENCH / "word_tokenizer.py")
+    assert spec is not None and spec.loader is not None
+    word_tokenizer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(word_tokenizer)
+    word_tokenizer.write(tmp_path, 10)
+    tok = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert tok["model"]["vocab"] == {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 10)}}
+    assert [t["content"] for t in tok["added_tokens"] if t["special"]] == ["<unk>", "<s>", "</s>"]
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert word_tokenizer.encode("t5 t9  t3\nxyz </s>") == [5, 9, 3, 0, 2]
+    with pytest.raises(ValueError):
+        word_tokenizer.tokenizer_json(3)
+
+
+@pytest.mark.parametrize(
+    ("variant", "want"),
+    [
+        ("env+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y"),
+        ("env-UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "removed nothing (UCX_CUDA_IPC_ENABLE_GET_ZCOPY was not set)"),
+        ("env-VLLM_SSM_CONV_STATE_LAYOUT", "removed VLLM_SSM_CONV_STATE_LAYOUT"),
+        ("env+VLLM_SSM_CONV_STATE_LAYOUT=SD", "VLLM_SSM_CONV_STATE_LAYOUT=SD (was 'DS')"),
+    ],
+)
+def test_env_variants_set_or_remove_one_entry_on_both_roles(
+    rendered: list[dict[str, Any]], tmp_path: Path, variant: str, want: str
+) -> None:
+    roles = run.role_commands(rendered, "nemotron-h-8b", tmp_path, tmp_path)
+    before = {n: dict(r.env) for n, r in roles.items()}
+    assert run.apply_variant(roles, variant) == {"prefill": want, "decode": want}
+    name = variant[4:].partition("=")[0]
+    for n, r in roles.items():
+        assert {k: v for k, v in r.env.items() if k != name} == {k: v for k, v in before[n].items() if k != name}
+        assert r.env.get(name) == (variant.partition("=")[2] if variant.startswith("env+") else None)
+    with pytest.raises(SystemExit, match="unknown plan variant"):
+        run.apply_variant(roles, "env+1BAD=x")

@@ -102,3 +102,16 @@ def test_parse_nixl_metrics() -> None:
         "failed_transfers": 0,
         "present": False,
     }
+
+
+def test_nixl_delta_is_the_transfers_between_two_scrapes() -> None:
+    """bench/load reads decode's /metrics before and after each probe: the figures of the transfers in between."""
+    before = run.nixl_metric_sums(METRICS)
+    after = dict(before)
+    after.update({"vllm:nixl_xfer_time_seconds_count": 18.0, "vllm:nixl_xfer_time_seconds_sum": 6.92 + 0.01,
+                  "vllm:nixl_bytes_transferred_sum": 2.848e9 + 2.0e8, "vllm:nixl_bytes_transferred_count": 18.0,
+                  "vllm:nixl_num_descriptors_sum": before["vllm:nixl_num_descriptors_sum"] + 200})  # fmt: skip
+    got = run.nixl_delta(before, after)
+    assert got["transfers"] == 2 and got["mb_per_transfer"] == 100.0 and got["ms_per_transfer"] == 5.0
+    assert got["gbps"] == 20.0 and got["descriptors_per_transfer"] == 100.0 and got["failed_transfers"] == 0
+    assert run.nixl_delta(before, before)["transfers"] == 0
