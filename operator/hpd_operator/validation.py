@@ -18,18 +18,11 @@ from hpd_operator.api import constants as c
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec, PodTemplate, RoleSpec
 from hpd_operator.api.rules import Scope, violations
 from hpd_operator.errors import SpecViolation
+from hpd_operator.versions import kv_both_since
 from hpd_operator.vllm_flags import FlagTable, available_versions, flag_table, resolve
 from hpd_runtime import contract
 
 REGENERATE = "python -m hpd_operator.vllm_flags.generate --version {v}"
-
-
-def _kv_both_since() -> str:
-    """When vLLM deprecated kv_both, from the version table (one source; imported here: profile imports us)."""
-    from hpd_operator.profile import VERSION_RULES
-
-    rule = next(r for r in VERSION_RULES if r.key == "kv-both-deprecated")
-    return f"0.{rule.first}, {rule.upstream}"
 
 
 def check_cr(cr: HybridPDDeployment) -> list[SpecViolation]:
@@ -154,7 +147,7 @@ def check_args(
                     f"{where[i][0]}[{where[i][1]}]",
                     "no-kv-both",
                     "kv_role kv_both is not used for P/D (prefill is kv_producer, decode is "
-                    f"kv_consumer; kv_both is deprecated from vLLM {_kv_both_since()})",
+                    f"kv_consumer; kv_both is deprecated from vLLM {kv_both_since()})",
                 )
             )
     return out

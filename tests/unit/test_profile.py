@@ -9,7 +9,8 @@ import pytest
 
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import KNOWN_MODELS, compute_profile
+from hpd_operator.modelinfo import KNOWN_MODELS
+from hpd_operator.profile import compute_profile
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
 

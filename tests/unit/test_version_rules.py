@@ -13,13 +13,8 @@ import pytest
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import (
-    VERSION_RULES,
-    Profile,
-    compute_profile,
-    image_version_warning,
-    version_row,
-)
+from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.versions import VERSION_RULES, image_version_warning, version_row
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
 HMA = "--no-disable-hybrid-kv-cache-manager"

@@ -19,7 +19,7 @@ VLLM_IMAGE_REPOSITORY: Final = "ghcr.io/hybridpd/vllm-runtime"
 DEFAULT_VLLM_IMAGE: Final = f"{VLLM_IMAGE_REPOSITORY}:{DEFAULT_VLLM_VERSION}"
 """Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
 VLLM_MINORS: Final = range(20, 34)
-"""vLLM 0.<minor> releases the version table covers (profile.VERSION_RULES): 0.20 to 0.33."""
+"""vLLM 0.<minor> releases the version table covers (versions.VERSION_RULES): 0.20 to 0.33."""
 VLLM_RANGE_TEXT: Final = f"0.{VLLM_MINORS[0]} to 0.{VLLM_MINORS[-1]}"
 
 

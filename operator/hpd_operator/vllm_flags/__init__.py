@@ -26,6 +26,8 @@ from functools import cache
 from importlib import resources
 from typing import Any, Final, Literal
 
+from hpd_operator.versions import parse_version
+
 SCHEMA_VERSION: Final = 1
 ZERO, ONE, OPTIONAL, ANY, AT_LEAST_ONE, REST = 0, 1, "?", "*", "+", "..."
 Nargs = int | str
@@ -83,14 +85,20 @@ class Item:
 # Loading the generated lists
 # ---------------------------------------------------------------------------------------------------------------
 def minor_of(version: str) -> str:
-    m = re.match(r"^(\d+)\.(\d+)", version.strip())
-    return f"{m.group(1)}.{m.group(2)}" if m else version
+    """`0.20.0` -> `0.20`, the name of its list (`version` itself when it is no version)."""
+    v = parse_version(version, prefix=True)
+    return v.series if v is not None else version
 
 
 def available_versions() -> tuple[str, ...]:
     """The minor versions with a generated list, e.g. ('0.20',)."""
     names = [p.name for p in resources.files(__name__).iterdir() if p.name.endswith(".json")]
-    return tuple(sorted((n.removesuffix(".json") for n in names), key=lambda v: tuple(map(int, v.split(".")))))
+    return tuple(sorted((n.removesuffix(".json") for n in names), key=_order))
+
+
+def _order(series: str) -> tuple[int, int]:
+    v = parse_version(series)
+    return (v.major, v.minor) if v is not None else (-1, -1)
 
 
 @cache
