@@ -62,6 +62,7 @@ from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.render import parse_cr
 from hpd_operator.status import compute_status, transitions
+from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
 
@@ -318,7 +319,7 @@ class TransientError(Exception):
 
 
 def parse(run: Run) -> None:
-    """Parse once, then the profile (raises SpecError naming the field)."""
+    """Parse once, validate once (raises SpecError naming every field), then the profile."""
     cfg = settings.current()
     run.cr = parse_cr(
         _cr_object(run.body),
@@ -326,7 +327,7 @@ def parse(run: Run) -> None:
         router_image=cfg.router_image,
         pod_monitor_labels=dict(cfg.pod_monitor_labels),
     )
-    run.profile = compute_profile(run.cr.spec)
+    run.profile = compute_profile(validate(run.cr))
     run.notes.extend(run.profile.warnings)
 
 

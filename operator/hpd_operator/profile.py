@@ -1,16 +1,13 @@
-"""The hybrid P/D profile: spec + vLLM version -> per-role env and `vllm serve` args (pure).
+"""The hybrid P/D profile: a validated CR -> per-role env and `vllm serve` args, each setting with its reason (pure).
 
-    profile = compute_profile(spec)                  # version = spec.vllmVersion
+    profile = compute_profile(validate(cr))          # hpd_operator.validation: every check runs there, once
     profile.prefill.args / .env / .injections        # builders put these into the Deployments
     profile.status()                                 # -> status.profile
 
-Raises `SpecError` (all violations at once) for what vLLM would otherwise only hit at runtime: TP sizes that
-do not divide one another, heads/groups that a TP size does not divide, operator-owned or forbidden flags in
-extraArgs, operator-owned env, kv_both, speculative decoding with hybrid P/D.
-Version table: VERSION_RULES, one rule per fact over a range of vLLM minors (0.20-0.33), each citing its upstream
-PRs/issues; status.profile.rules lists the rules that applied, status.profile.warnings what is not fatal (an image
-tag naming another release than spec.vllmVersion).
-Facts and their sources: shared/reference/vllm-upstream-2026-11.md (wins where they differ) and vllm-facts.md.
+The profile only renders: what vLLM needs for hybrid P/D over NIXL on spec.vllmVersion (the rules of
+hpd_operator.versions), the runtime contract's env (every `HPD_*` entry) and the user's own env and extraArgs.
+status.profile.injections lists what the operator set and why, status.profile.rules the version rules that
+applied, status.profile.warnings what validation accepted with a warning.
 
 Side-channel host: every role gets `HPD_POD_IP` from the downward API (`status.podIP`) FIRST, then
 `VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP)` (Kubernetes expands `$(VAR)` from earlier entries). One downward-API
@@ -21,24 +18,19 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
-from hpd_operator.api import constants as c
 from hpd_operator.api.models import (
     HybridPDDeploymentSpec,
     InjectionStatus,
-    ModelConfigSpec,
     ProfileStatus,
     VersionRuleStatus,
     WarmupSpec,
 )
-from hpd_operator.errors import SpecError, SpecViolation
-from hpd_operator.modelinfo import model_info
-from hpd_operator.validation import check_extra_args, check_spec, unique
-from hpd_operator.versions import BLOCK_SIZE_FIXED_MINOR, VersionRow, image_version_warning, parse_version, version_row
+from hpd_operator.validation import Validated
+from hpd_operator.versions import VersionRow
 from hpd_runtime import contract
 
 KV_CONNECTOR: Final = "NixlConnector"
@@ -131,107 +123,6 @@ class Profile(_Frozen):
 # ---------------------------------------------------------------------------------------------------------------
 # compute_profile
 # ---------------------------------------------------------------------------------------------------------------
-def _check_tp(
-    spec: HybridPDDeploymentSpec,
-    *,
-    row: VersionRow,
-    cfg: ModelConfigSpec | None,
-    cfg_src: str,
-    hybrid: bool,
-    out: list[SpecViolation],
-) -> None:
-    p, d = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
-    if p % d and d % p:  # hetero TP itself is allowed in every version (rule hetero-tp-mamba2)
-        out.append(
-            SpecViolation(
-                "spec.decode.tensorParallelSize",
-                "tp-divides",
-                f"prefill TP {p} and decode TP {d} must divide one another "
-                f"(valid decode sizes for prefill {p}: " + ", ".join(str(x) for x in _divisible_partners(p)) + ")",
-            )
-        )
-    if cfg is None:
-        return
-    top = max(p, d)
-    replicated = [
-        f"the {n} {what}"
-        for n, what in ((cfg.num_key_value_heads, "KV heads"), (cfg.mamba_n_groups, "Mamba groups"))
-        if n is not None and top > n
-    ]
-    if hybrid and p != d and replicated and row.has("replicated-hetero-tp-unservable"):
-        out.append(
-            SpecViolation(
-                "spec.decode.tensorParallelSize" if d > p else "spec.prefill.tensorParallelSize",
-                "replicated-hetero-tp-unservable",
-                f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
-                f"replicated, and vLLM {row.minor} cannot serve that pair: without spec.blockSize the roles derive "
-                "different block sizes (NIXL refuses), and with one that makes them equal P->D output was NaN "
-                f"({row.cite('replicated-hetero-tp-unservable')}); use equal TP sizes, sizes that split the heads, "
-                "or vLLM 0.27+",
-            )
-        )
-    elif hybrid and p != d and spec.block_size is None and replicated and row.equal_block_size_required:
-        out.append(
-            SpecViolation(
-                "spec.blockSize",
-                "block-size-required-for-replicated-heads",
-                f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
-                "replicated, so vLLM's own attention block size differs between the roles and vLLM "
-                f"{row.minor} rejects the pair ({row.cite('equal-block-size')}); set spec.blockSize (a multiple of "
-                "16) to at least the larger 'Setting attention block size' value vLLM logs for the two TP sizes, "
-                "or use vLLM 0.27+",
-            )
-        )
-    for role in contract.ROLES:
-        tp = spec.role(role).tensor_parallel_size
-        field = f"spec.{role}.tensorParallelSize"
-        where = f"({cfg_src})"
-        checks: list[tuple[str, int | None, Callable[[int, int], bool], str]] = [
-            (
-                "attention-heads-divisible",
-                cfg.num_attention_heads,
-                lambda n, t: n % t == 0,
-                "num_attention_heads {n} is not divisible by TP {t}",
-            ),
-            (
-                "kv-heads-divisible",
-                cfg.num_key_value_heads,
-                lambda n, t: n % t == 0 or t % n == 0,
-                "num_key_value_heads {n} and TP {t}: one must divide the other",
-            ),
-            (
-                "mamba-heads-divisible",
-                cfg.mamba_num_heads,
-                lambda n, t: n % t == 0,
-                "mamba_num_heads {n} is not divisible by TP {t}",
-            ),
-            (
-                "mamba-groups-divisible",
-                cfg.mamba_n_groups,
-                lambda n, t: n % t == 0 or n == 1,
-                "n_groups {n} is not divisible by TP {t} (and is not 1)",
-            ),
-            (
-                "hidden-size-divisible",
-                cfg.hidden_size,
-                lambda n, t: n % t == 0,
-                "hidden_size {n} is not divisible by TP {t}",
-            ),
-        ]
-        for rule, n, ok, text in checks:
-            if n is not None and not ok(n, tp):
-                valid = [t for t in (1, 2, 4, 8, 16, 32, 64) if all(m is None or f(m, t) for _, m, f, _ in checks)]
-                out.append(
-                    SpecViolation(
-                        field, rule, text.format(n=n, t=tp) + f" {where}; valid TP sizes: " + ", ".join(map(str, valid))
-                    )
-                )
-
-
-def _divisible_partners(p: int) -> list[int]:
-    return [t for t in range(1, c.MAX_TENSOR_PARALLEL_SIZE + 1) if p % t == 0 or t % p == 0][:8]
-
-
 def _role_profile(
     spec: HybridPDDeploymentSpec, role: contract.Role, *, row: VersionRow, hybrid: bool, model: str, chunk: int | None
 ) -> RoleProfile:
@@ -417,55 +308,20 @@ def gemm_warmup_seconds(warmup: WarmupSpec) -> int:
     return min(contract.GEMM_WARMUP_SECONDS_DEFAULT, warmup.timeout_seconds)
 
 
-def block_size_warnings(spec: HybridPDDeploymentSpec, row: VersionRow, hybrid: bool) -> tuple[str, ...]:
-    """A warning when a user block size may be raised by vLLM on a version where that corrupted P->D.
-
-    Whether vLLM raises it depends on the Mamba page size (conv + SSM state bytes per sequence: ssm_state_size,
-    mamba_head_dim, conv_kernel, the state dtype) against the attention page per token (head_dim): spec.model.config
-    carries none of those numbers, so the operator cannot tell a safe value (>= vLLM's own size, e.g. 528 or 1056
-    for the tiny Nemotron-H) from a raised one (128 -> 640); it warns on every explicit value instead, and the
-    decode pair check is what refuses Ready when P->D output differs."""
-    if spec.block_size is None or not hybrid:
-        return ()
-    v = parse_version(row.minor)
-    if v is not None and (v.major, v.minor) >= BLOCK_SIZE_FIXED_MINOR:
-        return ()
-    return (
-        f"spec.blockSize={spec.block_size}: vLLM {row.minor} raises a block size below the model's Mamba-aligned "
-        "size (e.g. 128 -> 640 tokens on a 64-token kernel block), and on vLLM 0.20 that corrupted P->D output "
-        "(token 0 repeated); the Mamba page size cannot be computed from spec.model.config, so this value is not "
-        "checked here. Remove spec.blockSize unless the TP sizes need it; the decode pair check keeps decode not "
-        "Ready if P->D output differs from local",
-    )
-
-
 def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) -> Profile:
-    """Pure: the per-role env/args for `spec` on vLLM `version` (default spec.vllmVersion). Raises SpecError."""
-    version = version or spec.vllm_version
-    row = version_row(version)
-    info = model_info(spec)
-    cfg, cfg_src, hybrid, hybrid_reason = info.config, info.config_source, info.hybrid, info.hybrid_reason
-    problems: list[SpecViolation] = []
-    _check_tp(spec, row=row, cfg=cfg, cfg_src=cfg_src, hybrid=hybrid, out=problems)
-    # The rule table (the CRD's CEL rules, re-checked; a rule _check_tp reports with more detail is kept once) and
-    # extraArgs as vLLM's parser reads them: validation.py.
-    problems = unique(problems + check_spec(spec) + check_extra_args(spec, hybrid=hybrid))
-    if problems:
-        raise SpecError(problems)
-    model = info.path
-    chunk = info.ssd_chunk_size
-    tag_warning = image_version_warning(spec.image or c.vllm_image(version), version)
-    warnings = ((tag_warning,) if tag_warning else ()) + tuple(block_size_warnings(spec, row, hybrid))
+def compute_profile(valid: Validated) -> Profile:
+    """Pure: the per-role env/args for a validated CR (hpd_operator.validation.validate)."""
+    spec, row, info = valid.spec, valid.row, valid.model
+    model, chunk, hybrid = info.path, info.ssd_chunk_size, info.hybrid
     return Profile(
-        warnings=warnings,
-        vllm_version=version,
+        warnings=valid.warnings,
+        vllm_version=spec.vllm_version,
         row=row.minor,
         hybrid=hybrid,
-        hybrid_reason=hybrid_reason,
+        hybrid_reason=info.hybrid_reason,
         model=model,
         served_model_name=spec.model.name,
         ssd_chunk_size=chunk,

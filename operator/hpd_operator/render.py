@@ -24,6 +24,7 @@ from hpd_operator.api.models import HybridPDDeployment, with_default_images, wit
 from hpd_operator.api.rules import violations
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.validation import validate
 from hpd_runtime import contract
 
 Manifest = dict[str, Any]
@@ -47,7 +48,7 @@ def parse_cr(
         cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
         raise SpecError.from_validation_error(err, prefix="") from None
-    problems = violations("root", cr, "")  # metadata.name; the spec's rules run in compute_profile
+    problems = violations("root", cr, "")  # metadata.name; the spec's checks run in validation.validate
     if problems:
         raise SpecError(problems)
     image_set = isinstance(obj.get("spec"), dict) and obj["spec"].get("image") is not None
@@ -122,7 +123,7 @@ def render(objs: Iterable[dict[str, Any]], builder: Builder | None = None) -> li
         name = str((obj.get("metadata") or {}).get("name", "unnamed"))
         try:
             cr = parse_cr(obj)
-            profile = compute_profile(cr.spec)
+            profile = compute_profile(validate(cr))
         except SpecError as err:
             raise RenderError(name, err) from None
         manifests += build(cr, profile)

@@ -21,6 +21,7 @@ import yaml
 from hpd_operator.__main__ import main
 from hpd_operator.profile import compute_profile
 from hpd_operator.render import load_documents, parse_cr
+from hpd_operator.validation import validate
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -52,7 +53,7 @@ def _profiles(path: Path) -> str:
     by_name = {}
     for doc in load_documents(path.read_text()):
         cr = parse_cr(doc)
-        by_name[cr.metadata.name] = compute_profile(cr.spec).status()
+        by_name[cr.metadata.name] = compute_profile(validate(cr)).status()
     return yaml.safe_dump(by_name, sort_keys=False, width=120, allow_unicode=True)
 
 

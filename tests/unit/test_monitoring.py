@@ -174,9 +174,10 @@ def test_network_policies_let_prometheus_reach_every_pod_monitor_endpoint() -> N
     """The default NetworkPolicies (spec.networkPolicy) must not silently block what the PodMonitors scrape."""
     from hpd_operator.builders import build_all
     from hpd_operator.profile import compute_profile
+    from hpd_operator.validation import validate
 
     cr = _cr()
-    objs = build_all(cr, compute_profile(cr.spec))
+    objs = build_all(cr, compute_profile(validate(cr)))
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     monitors = [o for o in objs if o["kind"] == "PodMonitor"]
     assert len(monitors) == 2 and len(policies) == 2

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
-from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.validation import validate
 from hpd_operator.versions import parse_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +70,8 @@ Nano's 2 KV heads replicated at TP 4, written for 0.27+ (no spec.blockSize); 0.2
 
 
 def profile_for(version: str, case: str) -> Profile:
-    return compute_profile(HybridPDDeploymentSpec.model_validate(_specs(version)[case]))
+    spec = HybridPDDeploymentSpec.model_validate(_specs(version)[case])
+    return compute_profile(validate(HybridPDDeployment(spec=spec)))
 
 
 def parser_python(version: str) -> Path:

@@ -1,6 +1,6 @@
 """API constants: defaults and the deny-lists of flags and env the operator owns.
 
-The deny-lists are the ONE source for both the CRD's CEL rules (crdgen) and the profile's checks (profile.py),
+The deny-lists are the ONE source for both the CRD's CEL rules (crdgen) and the operator's checks (validation.py),
 so a flag is rejected with the same reason by the apiserver and by `render`/the operator.
 """
 
