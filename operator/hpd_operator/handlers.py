@@ -55,12 +55,13 @@ from kubernetes import client, config
 from hpd_operator import apply as k8s
 from hpd_operator import drift, metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import Manifest, build_all, instance_label
+from hpd_operator.api.names import instance_label
+from hpd_operator.api.parse import parse_cr
+from hpd_operator.builders import Manifest, build_all
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
-from hpd_operator.render import parse_cr
 from hpd_operator.status import compute_status, transitions
 from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue

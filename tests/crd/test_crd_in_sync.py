@@ -125,8 +125,8 @@ def test_cel_cases_are_rejected_by_the_operator_too() -> None:
     from cel_cases import BAD_NAMES, BAD_SPECS, GOOD_SPECS  # tests/crd is on sys.path (rootdir-relative)
 
     from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
+    from hpd_operator.api.parse import parse_cr
     from hpd_operator.errors import SpecError
-    from hpd_operator.render import parse_cr
     from hpd_operator.validation import validate
 
     for case, spec, _ in BAD_SPECS:

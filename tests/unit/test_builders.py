@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import build_all, short_name
+from hpd_operator.api.names import short_name
+from hpd_operator.builders import build_all
 from hpd_operator.builders.engine import MODEL_LOAD_ALLOWANCE_SECONDS, startup_failure_threshold
 from hpd_operator.profile import compute_profile
 from hpd_operator.validation import validate

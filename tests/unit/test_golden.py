@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from hpd_operator.__main__ import main
+from hpd_operator.api.parse import parse_cr
 from hpd_operator.profile import compute_profile
-from hpd_operator.render import load_documents, parse_cr
+from hpd_operator.render import load_documents
 from hpd_operator.validation import validate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ import yaml
 from prometheus_client import generate_latest
 
 from hpd_operator import metrics
+from hpd_operator.api.parse import parse_cr
 from hpd_operator.builders.monitoring import CR_LABEL, ROLE_LABEL, build_pod_monitors
 from hpd_operator.monitoring import __main__ as gen
 from hpd_operator.monitoring import dashboard, rules
-from hpd_operator.render import parse_cr
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO / "examples" / "nemotron-3-nano.yaml"

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
+from hpd_operator.api.parse import parse_cr
 from hpd_operator.api.rules import RULES, quantity
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
-from hpd_operator.render import parse_cr
 from hpd_operator.validation import Validated, check_args, check_spec, reserved_dests, validate
 from hpd_operator.vllm_flags import FlagTable, available_versions, flag_table, resolve
 

@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata, selector_labels, short_name
+from hpd_operator.api.names import role_name, selector_labels
+from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata
 from hpd_operator.profile import Profile, gemm_warmup_seconds
 from hpd_runtime import contract
 
@@ -35,10 +36,6 @@ few GiB; unbounded, a runaway writer could fill the node's memory. Override the 
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "cache"
 MODEL_VOLUME = "model"
-
-
-def role_name(cr_name: str, role: str) -> str:
-    return short_name(cr_name, role)
 
 
 def startup_failure_threshold(warmup_timeout_seconds: int, gemm_warmup_seconds: int = 0) -> int:
