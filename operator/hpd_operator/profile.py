@@ -22,15 +22,9 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
-from hpd_operator.api.models import (
-    HybridPDDeploymentSpec,
-    InjectionStatus,
-    ProfileStatus,
-    VersionRuleStatus,
-    WarmupSpec,
-)
+from hpd_operator.api.models import InjectionStatus, ProfileStatus, VersionRuleStatus, WarmupSpec
+from hpd_operator.api.names import role_name
 from hpd_operator.validation import Validated
-from hpd_operator.versions import VersionRow
 from hpd_runtime import contract
 
 KV_CONNECTOR: Final = "NixlConnector"
@@ -74,7 +68,8 @@ class RoleProfile(_Frozen):
     tensor_parallel_size: int
     replicas: int
     env: tuple[EnvEntry, ...]
-    """In order (HPD_POD_IP precedes the entries that reference it), then the user's spec.env."""
+    """In order (HPD_POD_IP precedes the entries that reference it), then the user's spec.env, then where the pod
+    belongs (HPD_INSTANCE, HPD_CACHE_DIR, decode's HPD_PREFILL_SERVICE): every HPD_* entry of the container."""
     args: tuple[str, ...]
     """`vllm serve` arguments, without the leading `vllm serve`."""
     injections: tuple[Injection, ...]
@@ -123,101 +118,170 @@ class Profile(_Frozen):
 # ---------------------------------------------------------------------------------------------------------------
 # compute_profile
 # ---------------------------------------------------------------------------------------------------------------
-def _role_profile(
-    spec: HybridPDDeploymentSpec, role: contract.Role, *, row: VersionRow, hybrid: bool, model: str, chunk: int | None
-) -> RoleProfile:
-    rs = spec.role(role)
-    inj: list[Injection] = []
+class _Settings:
+    """One role's settings, each written with the reason status.profile shows for it, in one call: `env(...)`
+    returns the env entry, `flag(...)` the argv items, and both record the injection when given a reason.
+    status.profile lists the injections in the order of these calls."""
 
-    def add(setting: str, value: str, reason: str) -> None:
-        inj.append(Injection(setting=setting, value=value, reason=reason))
+    def __init__(self) -> None:
+        self.injections: list[Injection] = []
 
-    # --- env ---
-    port = spec.kv_transfer.side_channel_port
-    env: list[EnvEntry] = [
-        EnvEntry(name=contract.ENV_POD_IP, field_path="status.podIP"),
-        EnvEntry(name=contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, value=f"$({contract.ENV_POD_IP})"),
-        EnvEntry(name=contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, value=str(port)),
-    ]
+    def env(self, name: str, value: str, why: str | None = None, *, shown: str | None = None) -> EnvEntry:
+        """A literal env entry; `shown`: the value status.profile names instead (the downward API's field)."""
+        self._explain(name, value if shown is None else shown, why)
+        return EnvEntry(name=name, value=value)
+
+    def flag(self, flag: str, value: str | None = None, why: str | None = None) -> list[str]:
+        """`flag` (a switch) or `flag value`."""
+        self._explain(flag, value or "", why)
+        return [flag] if value is None else [flag, value]
+
+    def _explain(self, setting: str, value: str, why: str | None) -> None:
+        if why is not None:
+            self.injections.append(Injection(setting=setting, value=value, reason=why))
+
+
+def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
+    """Each section writes its settings with their reasons; the sections run in the order status.profile lists
+    the injections and land in env/args in the order the container gets them (HPD_POD_IP first)."""
+    s, rs = _Settings(), valid.spec.role(role)
+    side_channel = _side_channel_env(s, valid)
+    layout = _layout_env(s, valid)
+    gemm = _gemm_env(s, valid.spec.warmup)
+    args = _core_args(s, valid, role) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
+    args += _pair_check_args(s, valid, role) + _user_args(valid, role)
+    chunk = _chunk_env(s, valid)
+    env = side_channel + layout + _ucx_env(valid) + _runtime_env(valid, role) + chunk + _warmup_env(valid, role)
+    env += gemm + _user_env(valid) + _pod_env(valid, role)
+    return RoleProfile(
+        role=role,
+        tensor_parallel_size=rs.tensor_parallel_size,
+        replicas=rs.replicas,
+        env=tuple(env),
+        args=tuple(args),
+        injections=tuple(s.injections),
+    )
+
+
+# --- env ----------------------------------------------------------------------------------------------------------
+def _side_channel_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+    row, port = valid.row, str(valid.spec.kv_transfer.side_channel_port)
     host_reason = "NIXL side channel binds and advertises this address: the pod IP (not 0.0.0.0, not localhost)"
     if row.side_channel_host_in_compile_key:
         host_reason += (
             f"; vLLM {row.minor} hashes it into the compile-cache key, so a new pod IP recompiles "
             f"[{row.cite('side-channel-host-in-compile-key')}]"
         )
-    add(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, "status.podIP", host_reason)
-    add(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, str(port), "NIXL side-channel base port from spec.kvTransfer")
-    if hybrid:
-        env.append(EnvEntry(name=contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, value="DS"))
-        add(
-            contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT,
-            "DS",
-            f"NIXL asserts the DS conv-state layout for Mamba models [{row.cite('ds-conv-state-layout')}]",
-        )
-    ucx = spec.kv_transfer.ucx
-    if ucx is not None and ucx.tls:
-        env.append(EnvEntry(name="UCX_TLS", value=ucx.tls))
-    if ucx is not None and ucx.net_devices:
-        env.append(EnvEntry(name="UCX_NET_DEVICES", value=ucx.net_devices))
-    w = spec.warmup
-    env += [
+    return [
+        EnvEntry(name=contract.ENV_POD_IP, field_path="status.podIP"),
+        s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, f"$({contract.ENV_POD_IP})", host_reason, shown="status.podIP"),
+        s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, port, "NIXL side-channel base port from spec.kvTransfer"),
+    ]
+
+
+def _layout_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+    if not valid.model.hybrid:
+        return []
+    why = f"NIXL asserts the DS conv-state layout for Mamba models [{valid.row.cite('ds-conv-state-layout')}]"
+    return [s.env(contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, "DS", why)]
+
+
+def _ucx_env(valid: Validated) -> list[EnvEntry]:
+    ucx = valid.spec.kv_transfer.ucx
+    if ucx is None:
+        return []
+    return [EnvEntry(name=n, value=v) for n, v in (("UCX_TLS", ucx.tls), ("UCX_NET_DEVICES", ucx.net_devices)) if v]
+
+
+def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    """What the runtime (hpd_runtime.config) reads to launch vLLM and serve its probes."""
+    spec = valid.spec
+    env = [
         EnvEntry(name=contract.ENV_ROLE, value=role),
-        EnvEntry(name=contract.ENV_MODEL, value=model),
+        EnvEntry(name=contract.ENV_MODEL, value=valid.model.path),
         EnvEntry(name=contract.ENV_VLLM_VERSION, value=spec.vllm_version),
-        EnvEntry(name=contract.ENV_TENSOR_PARALLEL_SIZE, value=str(rs.tensor_parallel_size)),
+        EnvEntry(name=contract.ENV_TENSOR_PARALLEL_SIZE, value=str(spec.role(role).tensor_parallel_size)),
         EnvEntry(name=contract.ENV_VLLM_PORT, value=str(contract.VLLM_PORT)),
         EnvEntry(name=contract.ENV_RUNTIME_PORT, value=str(contract.RUNTIME_PORT)),
     ]
     if spec.model.max_model_len is not None:
         env.append(EnvEntry(name=contract.ENV_MAX_MODEL_LEN, value=str(spec.model.max_model_len)))
-    if chunk is not None:
-        env.append(EnvEntry(name=contract.ENV_SSD_CHUNK_SIZE, value=str(chunk)))
-    env += [
+    return env
+
+
+def _chunk_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+    chunk, row = valid.model.ssd_chunk_size, valid.row
+    if chunk is None:
+        return []
+    if row.ssd_warmup_builtin:
+        version = f" (vLLM {row.minor} autotunes seqlen = chunk_size only [{row.cite('builtin-ssd-warmup')}])"
+    else:
+        version = f" (vLLM {row.minor} does not autotune SSD kernels at startup [{row.cite('no-builtin-ssd-warmup')}])"
+    why = "warmup covers prompts shorter and longer than the SSD chunk" + version
+    return [s.env(contract.ENV_SSD_CHUNK_SIZE, str(chunk), why)]
+
+
+def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    w = valid.spec.warmup
+    return [
         EnvEntry(name=contract.ENV_WARMUP_ENABLED, value=str(w.enabled).lower()),
         EnvEntry(name=contract.ENV_WARMUP_PROMPT_LENGTHS, value=",".join(map(str, w.prompt_lengths))),
         EnvEntry(name=contract.ENV_WARMUP_CONCURRENCY, value=str(w.concurrency)),
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
         EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_check and role == "decode").lower()),
     ]
-    gemm_seconds = gemm_warmup_seconds(w)
-    if gemm_seconds:
-        env += [
-            EnvEntry(name=contract.ENV_GEMM_WARMUP_TOKENS, value="auto"),
-            EnvEntry(name=contract.ENV_GEMM_WARMUP_SECONDS, value=str(gemm_seconds)),
-        ]
-        add(
+
+
+def _gemm_env(s: _Settings, warmup: WarmupSpec) -> list[EnvEntry]:
+    seconds = gemm_warmup_seconds(warmup)
+    if not seconds:
+        return []
+    return [
+        s.env(
             contract.ENV_GEMM_WARMUP_TOKENS,
             "auto",
             "spec.warmup.everyLength: vLLM's worker runs each distinct GEMM at every row count up to "
             "max_num_batched_tokens before Ready (cuBLAS picks an algorithm per row count on first use: "
             "+4 to +11 ms on the first request of each new prompt length otherwise)",
-        )
-        add(
+        ),
+        s.env(
             contract.ENV_GEMM_WARMUP_SECONDS,
-            str(gemm_seconds),
+            str(seconds),
             f"the sweep's bound: spec.warmup.timeoutSeconds, at most {contract.GEMM_WARMUP_SECONDS_DEFAULT}",
-        )
-    for e in spec.env:
-        if e.value_from is not None:
-            env.append(EnvEntry(name=e.name, value_from=dict(e.value_from)))
-        else:
-            env.append(EnvEntry(name=e.name, value=e.value or ""))
-
-    # --- args ---
-    tp = rs.tensor_parallel_size
-    args: list[str] = [
-        "--model",
-        model,
-        "--served-model-name",
-        spec.model.name,
-        "--port",
-        str(contract.VLLM_PORT),
-        "--tensor-parallel-size",
-        str(tp),
+        ),
     ]
+
+
+def _user_env(valid: Validated) -> list[EnvEntry]:
+    return [
+        EnvEntry(name=e.name, value_from=dict(e.value_from))
+        if e.value_from is not None
+        else EnvEntry(name=e.name, value=e.value or "")
+        for e in valid.spec.env
+    ]
+
+
+def _pod_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    """Where the pod belongs: its CR, its cache mount and (decode) the prefill Service the pair check asks."""
+    name, ns = valid.cr.metadata.name, valid.cr.metadata.namespace
+    env = [
+        EnvEntry(name=contract.ENV_INSTANCE, value=name),
+        EnvEntry(name=contract.ENV_CACHE_DIR, value=contract.CACHE_MOUNT),
+    ]
+    if role == "decode":
+        env.append(
+            EnvEntry(name=contract.ENV_PREFILL_SERVICE, value=role_name(name, "prefill") + (f".{ns}.svc" if ns else ""))
+        )
+    return env
+
+
+# --- args ---------------------------------------------------------------------------------------------------------
+def _core_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    spec, rs = valid.spec, valid.spec.role(role)
+    args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(contract.VLLM_PORT)]
+    args += ["--tensor-parallel-size", str(rs.tensor_parallel_size)]
     if spec.block_size is not None:
-        args += ["--block-size", str(spec.block_size)]
-        add(
+        args += s.flag(
             "--block-size",
             str(spec.block_size),
             "spec.blockSize, the same on prefill and decode (NIXL compares it); vLLM raises it if the Mamba page "
@@ -229,75 +293,62 @@ def _role_profile(
     gmu = rs.gpu_memory_utilization if rs.gpu_memory_utilization is not None else spec.gpu_memory_utilization
     if gmu is not None:
         args += ["--gpu-memory-utilization", _num(gmu)]
+    return args
+
+
+def _kv_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    row, policy = valid.row, valid.spec.kv_transfer.load_failure_policy
     kv: dict[str, str] = {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLES[role]}
-    if spec.kv_transfer.load_failure_policy != "fail":
-        kv["kv_load_failure_policy"] = spec.kv_transfer.load_failure_policy
-    kv_json = json.dumps(kv, separators=(",", ":"))
-    args += ["--kv-transfer-config", kv_json]
-    add(
-        "--kv-transfer-config",
-        kv_json,
-        f"NIXL P/D: {role} is {KV_ROLES[role]} (never kv_both"
-        + (f", deprecated in vLLM {row.minor} [{row.cite('kv-both-deprecated')}])" if row.kv_both_deprecated else ")"),
+    if policy != "fail":
+        kv["kv_load_failure_policy"] = policy
+    why = f"NIXL P/D: {role} is {KV_ROLES[role]} (never kv_both"
+    why += f", deprecated in vLLM {row.minor} [{row.cite('kv-both-deprecated')}])" if row.kv_both_deprecated else ")"
+    return s.flag("--kv-transfer-config", json.dumps(kv, separators=(",", ":")), why)
+
+
+def _hybrid_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    if not valid.model.hybrid:
+        return []
+    row, tp = valid.row, valid.spec.role(role).tensor_parallel_size
+    args = s.flag(
+        "--no-enable-prefix-caching",
+        why="prefix caching with hybrid P/D crashes decode on Mamba state (SSM can only have one local block); "
+        "vLLM may turn it on for hybrid models by itself (0.20: NemotronH mamba_cache_mode='all'; 0.33: on)",
     )
-    if hybrid:
-        args.append("--no-enable-prefix-caching")
-        add(
-            "--no-enable-prefix-caching",
-            "",
-            "prefix caching with hybrid P/D crashes decode on Mamba state (SSM can only have one local block); "
-            "vLLM may turn it on for hybrid models by itself (0.20: NemotronH mamba_cache_mode='all'; 0.33: on)",
+    if row.needs_no_disable_hybrid_kv_cache_manager:
+        args += s.flag(
+            "--no-disable-hybrid-kv-cache-manager",
+            why=f"vLLM {row.minor} turns the hybrid KV cache manager off when --kv-transfer-config is set; "
+            f"NIXL with Mamba requires it [{row.cite('hybrid-kv-cache-manager-flag')}]",
         )
-        if row.needs_no_disable_hybrid_kv_cache_manager:
-            args.append("--no-disable-hybrid-kv-cache-manager")
-            add(
-                "--no-disable-hybrid-kv-cache-manager",
-                "",
-                f"vLLM {row.minor} turns the hybrid KV cache manager off when --kv-transfer-config is set; "
-                f"NIXL with Mamba requires it [{row.cite('hybrid-kv-cache-manager-flag')}]",
-            )
-        if row.needs_no_async_scheduling and (role == "decode" or tp > 1):
-            args.append("--no-async-scheduling")
-            where = "decode" if role == "decode" else f"prefill at TP {tp}"
-            add(
-                "--no-async-scheduling",
-                "",
-                f"vLLM {row.minor} on {where}: async scheduling races RDMA-loaded Mamba/KV state "
-                f"[{row.cite('no-async-scheduling')}]",
-            )
-    if role == "decode" and spec.warmup.enabled and spec.warmup.pair_check:
-        args.append("--enable-prompt-tokens-details")
-        add(
-            "--enable-prompt-tokens-details",
-            "",
-            "the decode pair check proves a KV transfer happened: usage.prompt_tokens_details.cached_tokens "
-            "counts the tokens loaded from prefill",
+    if row.needs_no_async_scheduling and (role == "decode" or tp > 1):
+        where = "decode" if role == "decode" else f"prefill at TP {tp}"
+        args += s.flag(
+            "--no-async-scheduling",
+            why=f"vLLM {row.minor} on {where}: async scheduling races RDMA-loaded Mamba/KV state "
+            f"[{row.cite('no-async-scheduling')}]",
         )
-    if chunk is not None:
-        add(
-            contract.ENV_SSD_CHUNK_SIZE,
-            str(chunk),
-            "warmup covers prompts shorter and longer than the SSD chunk"
-            + (
-                f" (vLLM {row.minor} autotunes seqlen = chunk_size only [{row.cite('builtin-ssd-warmup')}])"
-                if row.ssd_warmup_builtin
-                else f" (vLLM {row.minor} does not autotune SSD kernels at startup [{row.cite('no-builtin-ssd-warmup')}])"
-            ),
-        )
-    if spec.model.source is not None and spec.model.source.huggingface is not None:
-        rev = spec.model.source.huggingface.revision
-        if rev:
-            args += ["--revision", rev]
-    args += spec.extra_args
-    args += rs.extra_args
-    return RoleProfile(
-        role=role,
-        tensor_parallel_size=tp,
-        replicas=rs.replicas,
-        env=tuple(env),
-        args=tuple(args),
-        injections=tuple(inj),
+    return args
+
+
+def _pair_check_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    warmup = valid.spec.warmup
+    if not (role == "decode" and warmup.enabled and warmup.pair_check):
+        return []
+    return s.flag(
+        "--enable-prompt-tokens-details",
+        why="the decode pair check proves a KV transfer happened: usage.prompt_tokens_details.cached_tokens "
+        "counts the tokens loaded from prefill",
     )
+
+
+def _user_args(valid: Validated, role: contract.Role) -> list[str]:
+    """The Hugging Face revision, then spec.extraArgs, then the role's (validation checked them)."""
+    spec, args = valid.spec, []
+    hf = spec.model.source.huggingface if spec.model.source is not None else None
+    if hf is not None and hf.revision:
+        args += ["--revision", hf.revision]
+    return args + spec.extra_args + spec.role(role).extra_args
 
 
 def gemm_warmup_seconds(warmup: WarmupSpec) -> int:
@@ -315,21 +366,20 @@ def _num(x: float) -> str:
 def compute_profile(valid: Validated) -> Profile:
     """Pure: the per-role env/args for a validated CR (hpd_operator.validation.validate)."""
     spec, row, info = valid.spec, valid.row, valid.model
-    model, chunk, hybrid = info.path, info.ssd_chunk_size, info.hybrid
     return Profile(
         warnings=valid.warnings,
         vllm_version=spec.vllm_version,
         row=row.minor,
-        hybrid=hybrid,
+        hybrid=info.hybrid,
         hybrid_reason=info.hybrid_reason,
-        model=model,
+        model=info.path,
         served_model_name=spec.model.name,
-        ssd_chunk_size=chunk,
-        prefill=_role_profile(spec, "prefill", row=row, hybrid=hybrid, model=model, chunk=chunk),
-        decode=_role_profile(spec, "decode", row=row, hybrid=hybrid, model=model, chunk=chunk),
+        ssd_chunk_size=info.ssd_chunk_size,
+        prefill=_role_profile(valid, "prefill"),
+        decode=_role_profile(valid, "decode"),
         rules=tuple(
             VersionRuleStatus(rule=r.key, versions=r.versions, upstream=r.upstream, note=r.note)
             for r in row.rules
-            if hybrid or not r.hybrid_only
+            if info.hybrid or not r.hybrid_only
         ),
     )

@@ -140,9 +140,26 @@ def test_chunk_size_from_the_built_in_table_reaches_the_runtime() -> None:
     assert {e.name: e.value for e in profile_of(spec()).decode.env}["HPD_WARMUP_PAIR_CHECK"] == "true"
 
 
-def test_user_env_comes_last() -> None:
+def test_user_env_follows_the_operators_settings_and_the_pods_identity_ends_the_env() -> None:
     p = profile_of(spec(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]))
-    assert p.prefill.env[-1].name == "NCCL_DEBUG"
+    assert [e.name for e in p.prefill.env[-3:]] == ["NCCL_DEBUG", "HPD_INSTANCE", "HPD_CACHE_DIR"]
+    assert [e.name for e in p.decode.env[-3:]] == ["HPD_INSTANCE", "HPD_CACHE_DIR", "HPD_PREFILL_SERVICE"]
+
+
+def test_the_profile_writes_every_hpd_env_entry_of_the_container() -> None:
+    from hpd_operator.builders import build_all
+
+    cr = HybridPDDeployment.model_validate(
+        {"metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": {"name": NANO}}}
+    )
+    p = compute_profile(validate(cr))
+    assert {"name": "HPD_PREFILL_SERVICE", "value": "m-prefill.ns.svc"} in p.decode.env_k8s()
+    for dep in (o for o in build_all(cr, p) if o["kind"] == "Deployment" and o["metadata"]["name"] != "m-router"):
+        env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+        role = dep["metadata"]["labels"]["hybridpd.io/role"]
+        assert [e for e in env if e["name"].startswith("HPD_")] == [
+            e for e in p.role(role).env_k8s() if e["name"].startswith("HPD_")
+        ]
 
 
 def test_status_profile_lists_every_injection_with_a_reason() -> None:

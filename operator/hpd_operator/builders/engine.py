@@ -86,15 +86,8 @@ def _exec_probe(period: int, failures: int) -> dict[str, Any]:
 def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
     spec, name, ns = cr.spec, cr.metadata.name, cr.metadata.namespace
     rs, rp = spec.role(role), profile.role(role)
-    prefill_svc = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
     startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
-    env: list[dict[str, Any]] = [
-        *rp.env_k8s(),
-        {"name": contract.ENV_INSTANCE, "value": name},
-        {"name": contract.ENV_CACHE_DIR, "value": contract.CACHE_MOUNT},
-    ]
-    if role == "decode":
-        env.append({"name": contract.ENV_PREFILL_SERVICE, "value": prefill_svc})
+    env: list[dict[str, Any]] = rp.env_k8s()  # every HPD_* entry comes from the profile
     src = spec.model.source
     hf = src.huggingface if src is not None else None
     if hf is not None and hf.token_secret_ref is not None:
