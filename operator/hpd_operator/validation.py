@@ -42,7 +42,8 @@ from hpd_operator.versions import (
 from hpd_operator.vllm_flags import FlagTable, available_versions, flag_table, resolve
 from hpd_runtime import contract
 
-REGENERATE = "python -m hpd_operator.vllm_flags.generate --version {v}"
+REGENERATE = "python -m hpd_devcluster.vllm_flags --version {v}"
+"""The command that writes a flag list (dev only: the generator needs vLLM's parser venv, hack/vllm-parser-env.sh)."""
 
 
 @dataclass(frozen=True)

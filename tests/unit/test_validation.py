@@ -135,7 +135,7 @@ def test_a_version_without_a_flag_list_cannot_take_extra_args() -> None:
     with pytest.raises(SpecError) as ei:
         check(spec(vllmVersion="0.22.0", decode={"extraArgs": ["--enforce-eager"]}))
     assert rules_of(ei.value) == {("spec.decode.extraArgs", "vllm-flag-list-missing")}
-    assert "python -m hpd_operator.vllm_flags.generate --version 0.22.0" in ei.value.message
+    assert "python -m hpd_devcluster.vllm_flags --version 0.22.0" in ei.value.message
 
 
 # --- every spelling of every owned flag, every version -------------------------------------------------------------

@@ -5,7 +5,7 @@ argv (`_` -> `-` in names, `-O3` -> `--optimization-level 3`, `--json-arg.key va
 and then lets argparse match options, which accepts ANY unique prefix of a long option (`allow_abbrev=True`):
 `--tensor-parallel 2`, `--enable-prefix`, `--no-async`, `--kv-transfer-conf.kv_role x`. A deny-list of exact
 spellings (the CRD's CEL rule) cannot see those; this module can, because it knows every option string of the
-version (`<minor>.json`, GENERATED from the real parser by `python -m hpd_operator.vllm_flags.generate`).
+version (`<minor>.json`, GENERATED from the real parser by `python -m hpd_devcluster.vllm_flags`, dev only).
 
     table = flag_table("0.20.0")                  # None when no list was generated for that version
     items = resolve(table, ["--tensor_par=2", "--enforce-eager"])
