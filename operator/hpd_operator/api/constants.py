@@ -14,7 +14,7 @@ from hpd_runtime import contract
 
 # --- Defaults -----------------------------------------------------------------------------------------------------
 DEFAULT_VLLM_VERSION: Final = "0.20.0"
-"""The version our H200 runs proved end to end (bench/gpu/README.md); README "vLLM versions" says why."""
+"""The version our H200 runs proved end to end (bench/gpu/README.md); docs/vllm-versions.md says why."""
 VLLM_IMAGE_REPOSITORY: Final = "ghcr.io/hybridpd/vllm-runtime"
 DEFAULT_VLLM_IMAGE: Final = f"{VLLM_IMAGE_REPOSITORY}:{DEFAULT_VLLM_VERSION}"
 """Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
