@@ -86,17 +86,37 @@ class _TpRule:
 
 
 _TP_RULES: Final = (
-    _TpRule("attention-heads-divisible", lambda m: m.num_attention_heads, lambda n, t: n % t == 0,
-            "num_attention_heads {n} is not divisible by TP {t}"),
-    _TpRule("kv-heads-divisible", lambda m: m.num_key_value_heads, lambda n, t: n % t == 0 or t % n == 0,
-            "num_key_value_heads {n} and TP {t}: one must divide the other"),
-    _TpRule("mamba-heads-divisible", lambda m: m.mamba_num_heads, lambda n, t: n % t == 0,
-            "mamba_num_heads {n} is not divisible by TP {t}"),
-    _TpRule("mamba-groups-divisible", lambda m: m.mamba_n_groups, lambda n, t: n % t == 0 or n == 1,
-            "n_groups {n} is not divisible by TP {t} (and is not 1)"),
-    _TpRule("hidden-size-divisible", lambda m: m.hidden_size, lambda n, t: n % t == 0,
-            "hidden_size {n} is not divisible by TP {t}"),
-)  # fmt: skip
+    _TpRule(
+        rule="attention-heads-divisible",
+        number=lambda m: m.num_attention_heads,
+        ok=lambda n, t: n % t == 0,
+        text="num_attention_heads {n} is not divisible by TP {t}",
+    ),
+    _TpRule(
+        rule="kv-heads-divisible",
+        number=lambda m: m.num_key_value_heads,
+        ok=lambda n, t: n % t == 0 or t % n == 0,
+        text="num_key_value_heads {n} and TP {t}: one must divide the other",
+    ),
+    _TpRule(
+        rule="mamba-heads-divisible",
+        number=lambda m: m.mamba_num_heads,
+        ok=lambda n, t: n % t == 0,
+        text="mamba_num_heads {n} is not divisible by TP {t}",
+    ),
+    _TpRule(
+        rule="mamba-groups-divisible",
+        number=lambda m: m.mamba_n_groups,
+        ok=lambda n, t: n % t == 0 or n == 1,
+        text="n_groups {n} is not divisible by TP {t} (and is not 1)",
+    ),
+    _TpRule(
+        rule="hidden-size-divisible",
+        number=lambda m: m.hidden_size,
+        ok=lambda n, t: n % t == 0,
+        text="hidden_size {n} is not divisible by TP {t}",
+    ),
+)
 _TP_SIZES: Final = (1, 2, 4, 8, 16, 32, 64)
 """The TP sizes suggested in messages."""
 
@@ -108,7 +128,8 @@ def check_model(spec: HybridPDDeploymentSpec, row: VersionRow, model: ModelInfo)
         return []
     out = _check_hetero_tp(spec, row, model, model.config)
     for role in contract.ROLES:
-        out += _check_role_tp(spec.role(role).tensor_parallel_size, f"spec.{role}.tensorParallelSize", model)
+        tp, field = spec.role(role).tensor_parallel_size, f"spec.{role}.tensorParallelSize"
+        out += _check_role_tp(tp, field, model.config, model.config_source)
     return out
 
 
@@ -152,14 +173,12 @@ def _check_hetero_tp(
     return []
 
 
-def _check_role_tp(tp: int, field: str, model: ModelInfo) -> list[SpecViolation]:
+def _check_role_tp(tp: int, field: str, cfg: ModelConfigSpec, source: str) -> list[SpecViolation]:
     """One role's TP size against every config number vLLM splits across ranks."""
-    cfg = model.config
-    assert cfg is not None
     known = [(r, n) for r in _TP_RULES if (n := r.number(cfg)) is not None]
     valid = ", ".join(str(t) for t in _TP_SIZES if all(r.ok(n, t) for r, n in known))
     return [
-        SpecViolation(field, r.rule, r.text.format(n=n, t=tp) + f" ({model.config_source}); valid TP sizes: {valid}")
+        SpecViolation(field, r.rule, r.text.format(n=n, t=tp) + f" ({source}); valid TP sizes: {valid}")
         for r, n in known
         if not r.ok(n, tp)
     ]
