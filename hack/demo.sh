@@ -18,7 +18,7 @@ kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.status.allocatable
 echo
 echo "== helm chart (CRD, ServiceAccount, RBAC; kwok runs the operator's pod as a stand-in)"
 crd=crd/hybridpddeployments.hybridpd.io
-if kubectl get "$crd" >/dev/null 2>&1; then  # a CRD applied with kubectl earlier: hand it to the release (README)
+if kubectl get "$crd" >/dev/null 2>&1; then  # a CRD applied with kubectl earlier: hand it to the release (docs/install.md)
   kubectl annotate --overwrite "$crd" meta.helm.sh/release-name=hpd meta.helm.sh/release-namespace=hpd-system >/dev/null
   kubectl label --overwrite "$crd" app.kubernetes.io/managed-by=Helm >/dev/null
 fi

@@ -19,5 +19,7 @@ ruff check .
 ruff format --check .
 echo "[test] mypy" >&2
 mypy
+echo "[test] import contracts" >&2
+lint-imports  # the layers, no import circle, pure rooms, no dev-only code in what ships (pyproject.toml)
 echo "[test] pytest" >&2
 python -m pytest "$@"

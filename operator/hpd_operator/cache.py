@@ -14,7 +14,7 @@ the node names. handlers.py feeds it from kopf's watch streams; the reconcile re
 - Probe-failure Events (podevents.py) about our pods are kept too (watched with a field selector), so the reason a
   pod is not Ready reaches the status without a list call.
 - Grouping: children and pods by (namespace, instance label), the label every child and pod carries; a CR maps to
-  its instance label value through `builders.instance_label` (names longer than a label value are shortened).
+  its instance label value through `api.names.instance_label` (names longer than a label value are shortened).
 """
 
 from __future__ import annotations

@@ -62,13 +62,15 @@ from kubernetes import client, config
 from hpd_operator import apply as k8s
 from hpd_operator import blame, drift, metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import Manifest, build_all, instance_label
+from hpd_operator.api.names import instance_label
+from hpd_operator.api.parse import parse_cr
+from hpd_operator.builders import Manifest, build_all
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
-from hpd_operator.render import parse_cr
 from hpd_operator.status import compute_status, next_pod_check, transitions
+from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
 
@@ -340,7 +342,7 @@ class TransientError(Exception):
 
 
 def parse(run: Run) -> None:
-    """Parse once, then the profile (raises SpecError naming the field)."""
+    """Parse once, validate once (raises SpecError naming every field), then the profile."""
     cfg = settings.current()
     run.cr = parse_cr(
         _cr_object(run.body),
@@ -348,7 +350,7 @@ def parse(run: Run) -> None:
         router_image=cfg.router_image,
         pod_monitor_labels=dict(cfg.pod_monitor_labels),
     )
-    run.profile = compute_profile(run.cr.spec)
+    run.profile = compute_profile(validate(run.cr))
     run.notes.extend(run.profile.warnings)
 
 

@@ -1,16 +1,13 @@
-"""The hybrid P/D profile: spec + vLLM version -> per-role env and `vllm serve` args (pure).
+"""The hybrid P/D profile: a validated CR -> per-role env and `vllm serve` args, each setting with its reason (pure).
 
-    profile = compute_profile(spec)                  # version = spec.vllmVersion
+    profile = compute_profile(validate(cr))          # hpd_operator.validation: every check runs there, once
     profile.prefill.args / .env / .injections        # builders put these into the Deployments
     profile.status()                                 # -> status.profile
 
-Raises `SpecError` (all violations at once) for what vLLM would otherwise only hit at runtime: TP sizes that
-do not divide one another, heads/groups that a TP size does not divide, operator-owned or forbidden flags in
-extraArgs, operator-owned env, kv_both, speculative decoding with hybrid P/D.
-Version table: VERSION_RULES, one rule per fact over a range of vLLM minors (0.20-0.33), each citing its upstream
-PRs/issues; status.profile.rules lists the rules that applied, status.profile.warnings what is not fatal (an image
-tag naming another release than spec.vllmVersion).
-Facts and their sources: shared/reference/vllm-upstream-2026-11.md (wins where they differ) and vllm-facts.md.
+The profile only renders: what vLLM needs for hybrid P/D over NIXL on spec.vllmVersion (the rules of
+hpd_operator.versions), the runtime contract's env (every `HPD_*` entry) and the user's own env and extraArgs.
+status.profile.injections lists what the operator set and why, status.profile.rules the version rules that
+applied, status.profile.warnings what validation accepted with a warning.
 
 Side-channel host: every role gets `HPD_POD_IP` from the downward API (`status.podIP`) FIRST, then
 `VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP)` (Kubernetes expands `$(VAR)` from earlier entries). One downward-API
@@ -21,315 +18,17 @@ from __future__ import annotations
 
 import copy
 import json
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
-from hpd_operator.api import constants as c
-from hpd_operator.api.models import (
-    HybridPDDeploymentSpec,
-    InjectionStatus,
-    ModelConfigSpec,
-    ProfileStatus,
-    VersionRuleStatus,
-    WarmupSpec,
-)
-from hpd_operator.errors import SpecError, SpecViolation
-from hpd_operator.validation import check_extra_args, check_spec, unique
+from hpd_operator.api.models import InjectionStatus, ProfileStatus, VersionRuleStatus, WarmupSpec
+from hpd_operator.api.names import role_name
+from hpd_operator.validation import Validated
 from hpd_runtime import contract
 
 KV_CONNECTOR: Final = "NixlConnector"
 KV_ROLES: Final[dict[contract.Role, str]] = {"prefill": "kv_producer", "decode": "kv_consumer"}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Version table: rules over ranges of vLLM minors (shared/reference/vllm-upstream-2026-11.md §1-§2, vllm-facts.md)
-# ---------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class VersionRule:
-    """One fact about hybrid P/D over NIXL that holds for vLLM 0.<first> through 0.<last> (inclusive)."""
-
-    key: str
-    first: int
-    last: int
-    upstream: str
-    """The upstream numbers (vllm-project/vllm PRs/issues unless a repo is named) that justify the range."""
-    note: str
-    """What the rule means for a deployment (shown in status.profile.rules)."""
-    hybrid_only: bool = True
-
-    def covers(self, minor: int) -> bool:
-        return self.first <= minor <= self.last
-
-    @property
-    def versions(self) -> str:
-        return f"0.{self.first}" if self.first == self.last else f"0.{self.first}-0.{self.last}"
-
-
-_FIRST, _LAST = c.VLLM_MINORS[0], c.VLLM_MINORS[-1]
-VERSION_RULES: Final[tuple[VersionRule, ...]] = (
-    VersionRule(
-        key="ds-conv-state-layout",
-        first=_FIRST,
-        last=_LAST,
-        upstream="#37416, #37635 (0.20); not the CUDA default in any release: #42882 closed, docs #54387/#54489",
-        note="VLLM_SSM_CONV_STATE_LAYOUT=DS on both roles: the NIXL worker asserts the DS conv-state layout for "
-        "Mamba models (only the CPU platform sets it itself)",
-    ),
-    VersionRule(
-        key="hybrid-kv-cache-manager-flag",
-        first=20,
-        last=21,
-        upstream="#35758 (HMA for NIXL); 0.20 config/vllm.py turns HMA off with --kv-transfer-config, kept on for "
-        "SupportsHMA connectors (NixlConnector) from 0.22 (0.22.1 wheel)",
-        note="--no-disable-hybrid-kv-cache-manager on both roles (NIXL with Mamba asserts HMA on); harmless later, "
-        "so 0.21 (not read from a wheel) keeps it",
-    ),
-    VersionRule(
-        key="no-async-scheduling",
-        first=20,
-        last=25,
-        upstream="races #37285; fixed by #45357 (0.24) and #48481 + #48085 (0.26); prefill at TP > 1: #36687",
-        note="--no-async-scheduling on decode, and on prefill when its TP > 1: async scheduling can overwrite or "
-        "zero RDMA-loaded Mamba/KV state",
-    ),
-    VersionRule(
-        key="equal-block-size",
-        first=20,
-        last=26,
-        upstream="'Mamba 3-read transfer with block_size_ratio != 1 is not tested' (0.20-0.25.1); lifted by #49612 "
-        "(0.27)",
-        note="prefill and decode must end up with the same attention block size; different TP sizes that replicate "
-        "KV heads or Mamba groups need spec.blockSize (vLLM's padded size varies with TP)",
-    ),
-    VersionRule(
-        key="replicated-hetero-tp-unservable",
-        first=20,
-        last=20,
-        upstream="measured on two H200s, bench/results/2026-11-29-gpu-issue16-replicated-block1056.json: TP 2 -> TP 1 "
-        "with 1 KV head and 1 Mamba group, --block-size 1056 on both (kernel block 32): P->D NaN on 13/16 pair-check "
-        "prompts; different block sizes are paired only from #49612 (0.27)",
-        note="different TP sizes that replicate KV heads or Mamba groups have no working block size: vLLM's own "
-        "sizes differ between the roles (equal-block-size), and an explicit one that makes them equal corrupted "
-        "P->D; use equal TP sizes, TP sizes that split the heads, or vLLM 0.27+",
-    ),
-    VersionRule(
-        key="hetero-block-size",
-        first=27,
-        last=_LAST,
-        upstream="#49612 (0.27): heterogeneous P/D block sizes for hybrid models",
-        note="prefill and decode may derive different block sizes; leave spec.blockSize unset (different kernel "
-        "block sizes across TP are still a known gap, #41886)",
-    ),
-    VersionRule(
-        key="hetero-tp-mamba2",
-        first=_FIRST,
-        last=_LAST,
-        upstream="#37635 (0.20): heterogeneous-TP 3-read conv transfer for Mamba2",
-        note="prefill and decode TP may differ when one divides the other",
-    ),
-    VersionRule(
-        key="fa-kernel-blocks-16-32-64",
-        first=20,
-        last=24,
-        upstream="#27264/#27753 stopgap; removed by #36701 (0.25)",
-        note="FlashAttention with an fp32 Mamba cache uses 16/32/64-token kernel blocks only; an explicit --block-size "
-        "(128 -> 640 on 64) gave NaN P->D output on 0.20 (bench/gpu/README.md): prefer leaving spec.blockSize unset",
-    ),
-    VersionRule(
-        key="no-builtin-ssd-warmup",
-        first=20,
-        last=21,
-        upstream="#39822 (0.22) added it",
-        note="vLLM does not autotune the Mamba2 SSD kernels at startup: without our warmup the first request pays it",
-    ),
-    VersionRule(
-        key="builtin-ssd-warmup",
-        first=22,
-        last=_LAST,
-        upstream="#39822 (0.22)",
-        note="vLLM autotunes the SSD kernels at startup for seqlen = chunk_size only; our warmup still covers the "
-        "other length classes, initial states and decode's 1-token recompute",
-    ),
-    VersionRule(
-        key="seqlen-specialization",
-        first=20,
-        last=22,
-        upstream="removed by #43803 (0.23)",
-        note="Triton specializes the SSD/conv kernels on seqlen (1 / multiple of 16 / other): the warmup sends "
-        "prompts of each class",
-    ),
-    VersionRule(
-        key="side-channel-host-in-compile-key",
-        first=20,
-        last=21,
-        upstream="ai-dynamo/dynamo#10695, #46235; ignored from 0.22",
-        note="VLLM_NIXL_SIDE_CHANNEL_HOST is hashed into the torch.compile cache key: a new pod IP recompiles",
-        hybrid_only=False,
-    ),
-    VersionRule(
-        key="kv-both-deprecated",
-        first=23,
-        last=_LAST,
-        upstream="#43874 (RFC #43807)",
-        note="kv_role kv_both logs a deprecation (still accepted in 0.33); the operator never emits it",
-        hybrid_only=False,
-    ),
-    VersionRule(
-        key="replaced-prefill-never-released",
-        first=20,
-        last=24,
-        upstream="#49238 (open); no engine_ttl before 0.25",
-        note="a replaced prefill's NIXL state stays on decode until decode restarts (segfault/hang seen after a "
-        "prefill restart upstream; a clean SIGTERM restart on the H200 did not reproduce it): decode's runtime "
-        "re-checks the pair whenever a prefill pod, IP or boot id changes, is not Ready while the check fails, and "
-        "restarts its vLLM (exit 75) if the pair stays broken; the operator does not restart decode pods itself",
-        hybrid_only=False,
-    ),
-    VersionRule(
-        key="replaced-prefill-ttl",
-        first=25,
-        last=32,
-        upstream="#49238; engine_ttl (kv_connector_extra_config, default 3600 s); #50047 open",
-        note="a replaced prefill's NIXL state is evicted on decode only after engine_ttl (1 h)",
-        hybrid_only=False,
-    ),
-    VersionRule(
-        key="replaced-prefill-released",
-        first=33,
-        last=_LAST,
-        upstream="#49238; 0.33 releases a replaced engine's state once its reads drain (#54689), pull mode only",
-        note="a replaced prefill's NIXL state is released on decode after the new handshake (NixlConnector = pull)",
-        hybrid_only=False,
-    ),
-    VersionRule(
-        key="hybrid-pd-fixes-complete",
-        first=27,
-        last=_LAST,
-        upstream="#45357, #48085, #48481, #49612, #49903 all shipped by 0.27",
-        note="the first line without hybrid P/D caveats (async scheduling, block sizes, zeroer warmup)",
-    ),
-)
-"""Every rule, by range. Contiguous per topic, so any minor in c.VLLM_MINORS gets a complete answer."""
-
-
-@dataclass(frozen=True)
-class VersionRow:
-    """What one vLLM minor needs for hybrid Mamba2 P/D over NIXL: the rules that cover it."""
-
-    minor: str
-    rules: tuple[VersionRule, ...]
-
-    def has(self, key: str) -> bool:
-        return any(r.key == key for r in self.rules)
-
-    def rule(self, key: str) -> VersionRule:
-        return next(r for r in self.rules if r.key == key)
-
-    def cite(self, key: str) -> str:
-        """`rule <key> (vLLM <range>; <upstream>)`, for injection reasons."""
-        r = self.rule(key)
-        return f"rule {r.key} (vLLM {r.versions}; {r.upstream})"
-
-    @property
-    def needs_no_disable_hybrid_kv_cache_manager(self) -> bool:
-        return self.has("hybrid-kv-cache-manager-flag")
-
-    @property
-    def needs_no_async_scheduling(self) -> bool:
-        return self.has("no-async-scheduling")
-
-    @property
-    def equal_block_size_required(self) -> bool:
-        return self.has("equal-block-size")
-
-    @property
-    def kv_both_deprecated(self) -> bool:
-        return self.has("kv-both-deprecated")
-
-    @property
-    def side_channel_host_in_compile_key(self) -> bool:
-        return self.has("side-channel-host-in-compile-key")
-
-    @property
-    def ssd_warmup_builtin(self) -> bool:
-        return self.has("builtin-ssd-warmup")
-
-
-SUPPORTED_RANGE: Final = c.VLLM_RANGE_TEXT
-_VERSION_RE: Final = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
-
-
-def parse_minor(version: str) -> int | None:
-    """`0.25.1` -> 25; None unless it is a 0.<minor>[.<patch>] version."""
-    m = _VERSION_RE.fullmatch(version.strip())
-    return int(m.group(2)) if m and m.group(1) == "0" else None
-
-
-def version_row(version: str) -> VersionRow:
-    """The rules for a version (`0.25.1` -> minor 0.25); SpecError naming spec.vllmVersion outside the table."""
-    minor = parse_minor(version)
-    if minor is None or minor not in c.VLLM_MINORS:
-        raise SpecError.one(
-            "spec.vllmVersion",
-            "supported-vllm-version",
-            f"vLLM {version!r} is outside the version table: supported are the releases from {SUPPORTED_RANGE} "
-            "(e.g. 0.20.0 or 0.33.0)",
-        )
-    return VersionRow(minor=f"0.{minor}", rules=tuple(r for r in VERSION_RULES if r.covers(minor)))
-
-
-def image_version_warning(image: str, version: str) -> str | None:
-    """A warning when the image tag names another vLLM release than spec.vllmVersion (None if it agrees or the
-    tag names no version, e.g. a digest or `latest`). Compares the patch only when both give one."""
-    ref = image.split("@", 1)[0]
-    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else ""
-    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?![\d.])", tag)
-    want = _VERSION_RE.fullmatch(version.strip())
-    if m is None or want is None:
-        return None
-    got_v, want_v = m.groups(), want.groups()
-    same = got_v[:2] == want_v[:2] and (got_v[2] is None or want_v[2] is None or got_v[2] == want_v[2])
-    if same:
-        return None
-    return (
-        f"spec.image {image!r} is tagged {tag!r} but spec.vllmVersion is {version!r}: the flags follow the version "
-        "table for spec.vllmVersion; set spec.vllmVersion to the image's vLLM release (or use an image of that release)"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Known models (config.json numbers, only where a public config was found)
-# ---------------------------------------------------------------------------------------------------------------
-_NANO_30B_A3B = ModelConfigSpec(
-    num_attention_heads=32,
-    num_key_value_heads=2,
-    mamba_num_heads=64,
-    mamba_n_groups=8,
-    hidden_size=2688,
-    ssd_chunk_size=128,
-    hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-)
-_NEMOTRON_H_8B = ModelConfigSpec(
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    mamba_num_heads=128,
-    mamba_n_groups=8,
-    hidden_size=4096,
-    hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
-)
-KNOWN_MODELS: Final[dict[str, ModelConfigSpec]] = {
-    # Nemotron 3 Nano 30B-A3B (BF16 and its FP8 quantization share config.json's architecture numbers).
-    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8": _NANO_30B_A3B,
-    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": _NANO_30B_A3B,
-    # Nemotron-H 8B base (chunk size not confirmed from a public config: left unset).
-    "nvidia/Nemotron-H-8B-Base-8K": _NEMOTRON_H_8B,
-}
-"""Models checked without a user-typed spec.model.config. Nemotron-H 47B/56B are left out on purpose: their
-head/group numbers were not found in a public config.json."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,7 +68,8 @@ class RoleProfile(_Frozen):
     tensor_parallel_size: int
     replicas: int
     env: tuple[EnvEntry, ...]
-    """In order (HPD_POD_IP precedes the entries that reference it), then the user's spec.env."""
+    """In order (HPD_POD_IP precedes the entries that reference it), then the user's spec.env, then where the pod
+    belongs (HPD_INSTANCE, HPD_CACHE_DIR, decode's HPD_PREFILL_SERVICE): every HPD_* entry of the container."""
     args: tuple[str, ...]
     """`vllm serve` arguments, without the leading `vllm serve`."""
     injections: tuple[Injection, ...]
@@ -418,234 +118,170 @@ class Profile(_Frozen):
 # ---------------------------------------------------------------------------------------------------------------
 # compute_profile
 # ---------------------------------------------------------------------------------------------------------------
-def model_path(spec: HybridPDDeploymentSpec) -> str:
-    src = spec.model.source
-    if src is not None and src.pvc is not None:
-        return f"{contract.MODEL_MOUNT}/{src.pvc.path.strip('/')}"
-    if src is not None and src.huggingface is not None and src.huggingface.repo:
-        return src.huggingface.repo
-    return spec.model.name
+class _Settings:
+    """One role's settings, each written with the reason status.profile shows for it, in one call: `env(...)`
+    returns the env entry, `flag(...)` the argv items, and both record the injection when given a reason.
+    status.profile lists the injections in the order of these calls."""
+
+    def __init__(self) -> None:
+        self.injections: list[Injection] = []
+
+    def env(self, name: str, value: str, why: str | None = None, *, shown: str | None = None) -> EnvEntry:
+        """A literal env entry; `shown`: the value status.profile names instead (the downward API's field)."""
+        self._explain(name, value if shown is None else shown, why)
+        return EnvEntry(name=name, value=value)
+
+    def flag(self, flag: str, value: str | None = None, why: str | None = None) -> list[str]:
+        """`flag` (a switch) or `flag value`."""
+        self._explain(flag, value or "", why)
+        return [flag] if value is None else [flag, value]
+
+    def _explain(self, setting: str, value: str, why: str | None) -> None:
+        if why is not None:
+            self.injections.append(Injection(setting=setting, value=value, reason=why))
 
 
-def model_config(spec: HybridPDDeploymentSpec) -> tuple[ModelConfigSpec | None, str]:
-    """The config numbers to check against (user's, else the built-in table's) and where they came from."""
-    if spec.model.config is not None:
-        return spec.model.config, "spec.model.config"
-    for key in (model_path(spec), spec.model.name):
-        if key in KNOWN_MODELS:
-            return KNOWN_MODELS[key], f"built-in table ({key})"
-    return None, "unknown"
+def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
+    """Each section writes its settings with their reasons; the sections run in the order status.profile lists
+    the injections and land in env/args in the order the container gets them (HPD_POD_IP first)."""
+    s, rs = _Settings(), valid.spec.role(role)
+    side_channel = _side_channel_env(s, valid)
+    layout = _layout_env(s, valid)
+    gemm = _gemm_env(s, valid.spec.warmup)
+    args = _core_args(s, valid, role) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
+    args += _pair_check_args(s, valid, role) + _user_args(valid, role)
+    chunk = _chunk_env(s, valid)
+    env = side_channel + layout + _ucx_env(valid) + _runtime_env(valid, role) + chunk + _warmup_env(valid, role)
+    env += gemm + _user_env(valid) + _pod_env(valid, role)
+    return RoleProfile(
+        role=role,
+        tensor_parallel_size=rs.tensor_parallel_size,
+        replicas=rs.replicas,
+        env=tuple(env),
+        args=tuple(args),
+        injections=tuple(s.injections),
+    )
 
 
-def _resolve_hybrid(spec: HybridPDDeploymentSpec, cfg: ModelConfigSpec | None, cfg_src: str) -> tuple[bool, str]:
-    if spec.model.hybrid == "mamba2":
-        return True, "spec.model.hybrid=mamba2"
-    if spec.model.hybrid == "none":
-        return False, "spec.model.hybrid=none"
-    if cfg is not None and cfg.hybrid_override_pattern is not None:
-        has_m = "M" in cfg.hybrid_override_pattern
-        return has_m, f"hybrid_override_pattern from {cfg_src} {'has' if has_m else 'has no'} Mamba layers"
-    if cfg is not None and cfg.mamba_num_heads is not None:
-        return True, f"mamba heads from {cfg_src}"
-    return True, "spec.model.hybrid=auto and the model is unknown: hybrid settings applied (safe either way)"
-
-
-def _check_tp(
-    spec: HybridPDDeploymentSpec,
-    *,
-    row: VersionRow,
-    cfg: ModelConfigSpec | None,
-    cfg_src: str,
-    hybrid: bool,
-    out: list[SpecViolation],
-) -> None:
-    p, d = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
-    if p % d and d % p:  # hetero TP itself is allowed in every version (rule hetero-tp-mamba2)
-        out.append(
-            SpecViolation(
-                "spec.decode.tensorParallelSize",
-                "tp-divides",
-                f"prefill TP {p} and decode TP {d} must divide one another "
-                f"(valid decode sizes for prefill {p}: " + ", ".join(str(x) for x in _divisible_partners(p)) + ")",
-            )
-        )
-    if cfg is None:
-        return
-    top = max(p, d)
-    replicated = [
-        f"the {n} {what}"
-        for n, what in ((cfg.num_key_value_heads, "KV heads"), (cfg.mamba_n_groups, "Mamba groups"))
-        if n is not None and top > n
-    ]
-    if hybrid and p != d and replicated and row.has("replicated-hetero-tp-unservable"):
-        out.append(
-            SpecViolation(
-                "spec.decode.tensorParallelSize" if d > p else "spec.prefill.tensorParallelSize",
-                "replicated-hetero-tp-unservable",
-                f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
-                f"replicated, and vLLM {row.minor} cannot serve that pair: without spec.blockSize the roles derive "
-                "different block sizes (NIXL refuses), and with one that makes them equal P->D output was NaN "
-                f"({row.cite('replicated-hetero-tp-unservable')}); use equal TP sizes, sizes that split the heads, "
-                "or vLLM 0.27+",
-            )
-        )
-    elif hybrid and p != d and spec.block_size is None and replicated and row.equal_block_size_required:
-        out.append(
-            SpecViolation(
-                "spec.blockSize",
-                "block-size-required-for-replicated-heads",
-                f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({cfg_src}) are "
-                "replicated, so vLLM's own attention block size differs between the roles and vLLM "
-                f"{row.minor} rejects the pair ({row.cite('equal-block-size')}); set spec.blockSize (a multiple of "
-                "16) to at least the larger 'Setting attention block size' value vLLM logs for the two TP sizes, "
-                "or use vLLM 0.27+",
-            )
-        )
-    for role in contract.ROLES:
-        tp = spec.role(role).tensor_parallel_size
-        field = f"spec.{role}.tensorParallelSize"
-        where = f"({cfg_src})"
-        checks: list[tuple[str, int | None, Callable[[int, int], bool], str]] = [
-            (
-                "attention-heads-divisible",
-                cfg.num_attention_heads,
-                lambda n, t: n % t == 0,
-                "num_attention_heads {n} is not divisible by TP {t}",
-            ),
-            (
-                "kv-heads-divisible",
-                cfg.num_key_value_heads,
-                lambda n, t: n % t == 0 or t % n == 0,
-                "num_key_value_heads {n} and TP {t}: one must divide the other",
-            ),
-            (
-                "mamba-heads-divisible",
-                cfg.mamba_num_heads,
-                lambda n, t: n % t == 0,
-                "mamba_num_heads {n} is not divisible by TP {t}",
-            ),
-            (
-                "mamba-groups-divisible",
-                cfg.mamba_n_groups,
-                lambda n, t: n % t == 0 or n == 1,
-                "n_groups {n} is not divisible by TP {t} (and is not 1)",
-            ),
-            (
-                "hidden-size-divisible",
-                cfg.hidden_size,
-                lambda n, t: n % t == 0,
-                "hidden_size {n} is not divisible by TP {t}",
-            ),
-        ]
-        for rule, n, ok, text in checks:
-            if n is not None and not ok(n, tp):
-                valid = [t for t in (1, 2, 4, 8, 16, 32, 64) if all(m is None or f(m, t) for _, m, f, _ in checks)]
-                out.append(
-                    SpecViolation(
-                        field, rule, text.format(n=n, t=tp) + f" {where}; valid TP sizes: " + ", ".join(map(str, valid))
-                    )
-                )
-
-
-def _divisible_partners(p: int) -> list[int]:
-    return [t for t in range(1, c.MAX_TENSOR_PARALLEL_SIZE + 1) if p % t == 0 or t % p == 0][:8]
-
-
-def _role_profile(
-    spec: HybridPDDeploymentSpec, role: contract.Role, *, row: VersionRow, hybrid: bool, model: str, chunk: int | None
-) -> RoleProfile:
-    rs = spec.role(role)
-    inj: list[Injection] = []
-
-    def add(setting: str, value: str, reason: str) -> None:
-        inj.append(Injection(setting=setting, value=value, reason=reason))
-
-    # --- env ---
-    port = spec.kv_transfer.side_channel_port
-    env: list[EnvEntry] = [
-        EnvEntry(name=contract.ENV_POD_IP, field_path="status.podIP"),
-        EnvEntry(name=contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, value=f"$({contract.ENV_POD_IP})"),
-        EnvEntry(name=contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, value=str(port)),
-    ]
+# --- env ----------------------------------------------------------------------------------------------------------
+def _side_channel_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+    row, port = valid.row, str(valid.spec.kv_transfer.side_channel_port)
     host_reason = "NIXL side channel binds and advertises this address: the pod IP (not 0.0.0.0, not localhost)"
     if row.side_channel_host_in_compile_key:
         host_reason += (
             f"; vLLM {row.minor} hashes it into the compile-cache key, so a new pod IP recompiles "
             f"[{row.cite('side-channel-host-in-compile-key')}]"
         )
-    add(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, "status.podIP", host_reason)
-    add(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, str(port), "NIXL side-channel base port from spec.kvTransfer")
-    if hybrid:
-        env.append(EnvEntry(name=contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, value="DS"))
-        add(
-            contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT,
-            "DS",
-            f"NIXL asserts the DS conv-state layout for Mamba models [{row.cite('ds-conv-state-layout')}]",
-        )
-    ucx = spec.kv_transfer.ucx
-    if ucx is not None and ucx.tls:
-        env.append(EnvEntry(name="UCX_TLS", value=ucx.tls))
-    if ucx is not None and ucx.net_devices:
-        env.append(EnvEntry(name="UCX_NET_DEVICES", value=ucx.net_devices))
-    w = spec.warmup
-    env += [
+    return [
+        EnvEntry(name=contract.ENV_POD_IP, field_path="status.podIP"),
+        s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, f"$({contract.ENV_POD_IP})", host_reason, shown="status.podIP"),
+        s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, port, "NIXL side-channel base port from spec.kvTransfer"),
+    ]
+
+
+def _layout_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+    if not valid.model.hybrid:
+        return []
+    why = f"NIXL asserts the DS conv-state layout for Mamba models [{valid.row.cite('ds-conv-state-layout')}]"
+    return [s.env(contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, "DS", why)]
+
+
+def _ucx_env(valid: Validated) -> list[EnvEntry]:
+    ucx = valid.spec.kv_transfer.ucx
+    if ucx is None:
+        return []
+    return [EnvEntry(name=n, value=v) for n, v in (("UCX_TLS", ucx.tls), ("UCX_NET_DEVICES", ucx.net_devices)) if v]
+
+
+def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    """What the runtime (hpd_runtime.config) reads to launch vLLM and serve its probes."""
+    spec = valid.spec
+    env = [
         EnvEntry(name=contract.ENV_ROLE, value=role),
-        EnvEntry(name=contract.ENV_MODEL, value=model),
+        EnvEntry(name=contract.ENV_MODEL, value=valid.model.path),
         EnvEntry(name=contract.ENV_VLLM_VERSION, value=spec.vllm_version),
-        EnvEntry(name=contract.ENV_TENSOR_PARALLEL_SIZE, value=str(rs.tensor_parallel_size)),
+        EnvEntry(name=contract.ENV_TENSOR_PARALLEL_SIZE, value=str(spec.role(role).tensor_parallel_size)),
         EnvEntry(name=contract.ENV_VLLM_PORT, value=str(contract.VLLM_PORT)),
         EnvEntry(name=contract.ENV_RUNTIME_PORT, value=str(contract.RUNTIME_PORT)),
     ]
     if spec.model.max_model_len is not None:
         env.append(EnvEntry(name=contract.ENV_MAX_MODEL_LEN, value=str(spec.model.max_model_len)))
-    if chunk is not None:
-        env.append(EnvEntry(name=contract.ENV_SSD_CHUNK_SIZE, value=str(chunk)))
-    env += [
+    return env
+
+
+def _chunk_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+    chunk, row = valid.model.ssd_chunk_size, valid.row
+    if chunk is None:
+        return []
+    if row.ssd_warmup_builtin:
+        version = f" (vLLM {row.minor} autotunes seqlen = chunk_size only [{row.cite('builtin-ssd-warmup')}])"
+    else:
+        version = f" (vLLM {row.minor} does not autotune SSD kernels at startup [{row.cite('no-builtin-ssd-warmup')}])"
+    why = "warmup covers prompts shorter and longer than the SSD chunk" + version
+    return [s.env(contract.ENV_SSD_CHUNK_SIZE, str(chunk), why)]
+
+
+def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    w = valid.spec.warmup
+    return [
         EnvEntry(name=contract.ENV_WARMUP_ENABLED, value=str(w.enabled).lower()),
         EnvEntry(name=contract.ENV_WARMUP_PROMPT_LENGTHS, value=",".join(map(str, w.prompt_lengths))),
         EnvEntry(name=contract.ENV_WARMUP_CONCURRENCY, value=str(w.concurrency)),
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
         EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_check and role == "decode").lower()),
     ]
-    gemm_seconds = gemm_warmup_seconds(w)
-    if gemm_seconds:
-        env += [
-            EnvEntry(name=contract.ENV_GEMM_WARMUP_TOKENS, value="auto"),
-            EnvEntry(name=contract.ENV_GEMM_WARMUP_SECONDS, value=str(gemm_seconds)),
-        ]
-        add(
+
+
+def _gemm_env(s: _Settings, warmup: WarmupSpec) -> list[EnvEntry]:
+    seconds = gemm_warmup_seconds(warmup)
+    if not seconds:
+        return []
+    return [
+        s.env(
             contract.ENV_GEMM_WARMUP_TOKENS,
             "auto",
             "spec.warmup.everyLength: vLLM's worker runs each distinct GEMM at every row count up to "
             "max_num_batched_tokens before Ready (cuBLAS picks an algorithm per row count on first use: "
             "+4 to +11 ms on the first request of each new prompt length otherwise)",
-        )
-        add(
+        ),
+        s.env(
             contract.ENV_GEMM_WARMUP_SECONDS,
-            str(gemm_seconds),
+            str(seconds),
             f"the sweep's bound: spec.warmup.timeoutSeconds, at most {contract.GEMM_WARMUP_SECONDS_DEFAULT}",
-        )
-    for e in spec.env:
-        if e.value_from is not None:
-            env.append(EnvEntry(name=e.name, value_from=dict(e.value_from)))
-        else:
-            env.append(EnvEntry(name=e.name, value=e.value or ""))
-
-    # --- args ---
-    tp = rs.tensor_parallel_size
-    args: list[str] = [
-        "--model",
-        model,
-        "--served-model-name",
-        spec.model.name,
-        "--port",
-        str(contract.VLLM_PORT),
-        "--tensor-parallel-size",
-        str(tp),
+        ),
     ]
+
+
+def _user_env(valid: Validated) -> list[EnvEntry]:
+    return [
+        EnvEntry(name=e.name, value_from=dict(e.value_from))
+        if e.value_from is not None
+        else EnvEntry(name=e.name, value=e.value or "")
+        for e in valid.spec.env
+    ]
+
+
+def _pod_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    """Where the pod belongs: its CR, its cache mount and (decode) the prefill Service the pair check asks."""
+    name, ns = valid.cr.metadata.name, valid.cr.metadata.namespace
+    env = [
+        EnvEntry(name=contract.ENV_INSTANCE, value=name),
+        EnvEntry(name=contract.ENV_CACHE_DIR, value=contract.CACHE_MOUNT),
+    ]
+    if role == "decode":
+        env.append(
+            EnvEntry(name=contract.ENV_PREFILL_SERVICE, value=role_name(name, "prefill") + (f".{ns}.svc" if ns else ""))
+        )
+    return env
+
+
+# --- args ---------------------------------------------------------------------------------------------------------
+def _core_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    spec, rs = valid.spec, valid.spec.role(role)
+    args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(contract.VLLM_PORT)]
+    args += ["--tensor-parallel-size", str(rs.tensor_parallel_size)]
     if spec.block_size is not None:
-        args += ["--block-size", str(spec.block_size)]
-        add(
+        args += s.flag(
             "--block-size",
             str(spec.block_size),
             "spec.blockSize, the same on prefill and decode (NIXL compares it); vLLM raises it if the Mamba page "
@@ -657,75 +293,62 @@ def _role_profile(
     gmu = rs.gpu_memory_utilization if rs.gpu_memory_utilization is not None else spec.gpu_memory_utilization
     if gmu is not None:
         args += ["--gpu-memory-utilization", _num(gmu)]
+    return args
+
+
+def _kv_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    row, policy = valid.row, valid.spec.kv_transfer.load_failure_policy
     kv: dict[str, str] = {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLES[role]}
-    if spec.kv_transfer.load_failure_policy != "fail":
-        kv["kv_load_failure_policy"] = spec.kv_transfer.load_failure_policy
-    kv_json = json.dumps(kv, separators=(",", ":"))
-    args += ["--kv-transfer-config", kv_json]
-    add(
-        "--kv-transfer-config",
-        kv_json,
-        f"NIXL P/D: {role} is {KV_ROLES[role]} (never kv_both"
-        + (f", deprecated in vLLM {row.minor} [{row.cite('kv-both-deprecated')}])" if row.kv_both_deprecated else ")"),
+    if policy != "fail":
+        kv["kv_load_failure_policy"] = policy
+    why = f"NIXL P/D: {role} is {KV_ROLES[role]} (never kv_both"
+    why += f", deprecated in vLLM {row.minor} [{row.cite('kv-both-deprecated')}])" if row.kv_both_deprecated else ")"
+    return s.flag("--kv-transfer-config", json.dumps(kv, separators=(",", ":")), why)
+
+
+def _hybrid_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    if not valid.model.hybrid:
+        return []
+    row, tp = valid.row, valid.spec.role(role).tensor_parallel_size
+    args = s.flag(
+        "--no-enable-prefix-caching",
+        why="prefix caching with hybrid P/D crashes decode on Mamba state (SSM can only have one local block); "
+        "vLLM may turn it on for hybrid models by itself (0.20: NemotronH mamba_cache_mode='all'; 0.33: on)",
     )
-    if hybrid:
-        args.append("--no-enable-prefix-caching")
-        add(
-            "--no-enable-prefix-caching",
-            "",
-            "prefix caching with hybrid P/D crashes decode on Mamba state (SSM can only have one local block); "
-            "vLLM may turn it on for hybrid models by itself (0.20: NemotronH mamba_cache_mode='all'; 0.33: on)",
+    if row.needs_no_disable_hybrid_kv_cache_manager:
+        args += s.flag(
+            "--no-disable-hybrid-kv-cache-manager",
+            why=f"vLLM {row.minor} turns the hybrid KV cache manager off when --kv-transfer-config is set; "
+            f"NIXL with Mamba requires it [{row.cite('hybrid-kv-cache-manager-flag')}]",
         )
-        if row.needs_no_disable_hybrid_kv_cache_manager:
-            args.append("--no-disable-hybrid-kv-cache-manager")
-            add(
-                "--no-disable-hybrid-kv-cache-manager",
-                "",
-                f"vLLM {row.minor} turns the hybrid KV cache manager off when --kv-transfer-config is set; "
-                f"NIXL with Mamba requires it [{row.cite('hybrid-kv-cache-manager-flag')}]",
-            )
-        if row.needs_no_async_scheduling and (role == "decode" or tp > 1):
-            args.append("--no-async-scheduling")
-            where = "decode" if role == "decode" else f"prefill at TP {tp}"
-            add(
-                "--no-async-scheduling",
-                "",
-                f"vLLM {row.minor} on {where}: async scheduling races RDMA-loaded Mamba/KV state "
-                f"[{row.cite('no-async-scheduling')}]",
-            )
-    if role == "decode" and spec.warmup.enabled and spec.warmup.pair_check:
-        args.append("--enable-prompt-tokens-details")
-        add(
-            "--enable-prompt-tokens-details",
-            "",
-            "the decode pair check proves a KV transfer happened: usage.prompt_tokens_details.cached_tokens "
-            "counts the tokens loaded from prefill",
+    if row.needs_no_async_scheduling and (role == "decode" or tp > 1):
+        where = "decode" if role == "decode" else f"prefill at TP {tp}"
+        args += s.flag(
+            "--no-async-scheduling",
+            why=f"vLLM {row.minor} on {where}: async scheduling races RDMA-loaded Mamba/KV state "
+            f"[{row.cite('no-async-scheduling')}]",
         )
-    if chunk is not None:
-        add(
-            contract.ENV_SSD_CHUNK_SIZE,
-            str(chunk),
-            "warmup covers prompts shorter and longer than the SSD chunk"
-            + (
-                f" (vLLM {row.minor} autotunes seqlen = chunk_size only [{row.cite('builtin-ssd-warmup')}])"
-                if row.ssd_warmup_builtin
-                else f" (vLLM {row.minor} does not autotune SSD kernels at startup [{row.cite('no-builtin-ssd-warmup')}])"
-            ),
-        )
-    if spec.model.source is not None and spec.model.source.huggingface is not None:
-        rev = spec.model.source.huggingface.revision
-        if rev:
-            args += ["--revision", rev]
-    args += spec.extra_args
-    args += rs.extra_args
-    return RoleProfile(
-        role=role,
-        tensor_parallel_size=tp,
-        replicas=rs.replicas,
-        env=tuple(env),
-        args=tuple(args),
-        injections=tuple(inj),
+    return args
+
+
+def _pair_check_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    warmup = valid.spec.warmup
+    if not (role == "decode" and warmup.enabled and warmup.pair_check):
+        return []
+    return s.flag(
+        "--enable-prompt-tokens-details",
+        why="the decode pair check proves a KV transfer happened: usage.prompt_tokens_details.cached_tokens "
+        "counts the tokens loaded from prefill",
     )
+
+
+def _user_args(valid: Validated, role: contract.Role) -> list[str]:
+    """The Hugging Face revision, then spec.extraArgs, then the role's (validation checked them)."""
+    spec, args = valid.spec, []
+    hf = spec.model.source.huggingface if spec.model.source is not None else None
+    if hf is not None and hf.revision:
+        args += ["--revision", hf.revision]
+    return args + spec.extra_args + spec.role(role).extra_args
 
 
 def gemm_warmup_seconds(warmup: WarmupSpec) -> int:
@@ -736,67 +359,27 @@ def gemm_warmup_seconds(warmup: WarmupSpec) -> int:
     return min(contract.GEMM_WARMUP_SECONDS_DEFAULT, warmup.timeout_seconds)
 
 
-BLOCK_SIZE_FIXED_MINOR: Final = (0, 27)
-"""vLLM 0.27 carries every hybrid P/D zeroing fix (#48085, #48481, #49612); before it a raised block corrupted P->D."""
-
-
-def block_size_warnings(spec: HybridPDDeploymentSpec, row: VersionRow, hybrid: bool) -> tuple[str, ...]:
-    """A warning when a user block size may be raised by vLLM on a version where that corrupted P->D.
-
-    Whether vLLM raises it depends on the Mamba page size (conv + SSM state bytes per sequence: ssm_state_size,
-    mamba_head_dim, conv_kernel, the state dtype) against the attention page per token (head_dim): spec.model.config
-    carries none of those numbers, so the operator cannot tell a safe value (>= vLLM's own size, e.g. 528 or 1056
-    for the tiny Nemotron-H) from a raised one (128 -> 640); it warns on every explicit value instead, and the
-    decode pair check is what refuses Ready when P->D output differs."""
-    if spec.block_size is None or not hybrid:
-        return ()
-    major, minor = (int(x) for x in row.minor.split("."))
-    if (major, minor) >= BLOCK_SIZE_FIXED_MINOR:
-        return ()
-    return (
-        f"spec.blockSize={spec.block_size}: vLLM {row.minor} raises a block size below the model's Mamba-aligned "
-        "size (e.g. 128 -> 640 tokens on a 64-token kernel block), and on vLLM 0.20 that corrupted P->D output "
-        "(token 0 repeated); the Mamba page size cannot be computed from spec.model.config, so this value is not "
-        "checked here. Remove spec.blockSize unless the TP sizes need it; the decode pair check keeps decode not "
-        "Ready if P->D output differs from local",
-    )
-
-
 def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def compute_profile(spec: HybridPDDeploymentSpec, version: str | None = None) -> Profile:
-    """Pure: the per-role env/args for `spec` on vLLM `version` (default spec.vllmVersion). Raises SpecError."""
-    version = version or spec.vllm_version
-    row = version_row(version)
-    cfg, cfg_src = model_config(spec)
-    hybrid, hybrid_reason = _resolve_hybrid(spec, cfg, cfg_src)
-    problems: list[SpecViolation] = []
-    _check_tp(spec, row=row, cfg=cfg, cfg_src=cfg_src, hybrid=hybrid, out=problems)
-    # The rule table (the CRD's CEL rules, re-checked; a rule _check_tp reports with more detail is kept once) and
-    # extraArgs as vLLM's parser reads them: validation.py.
-    problems = unique(problems + check_spec(spec) + check_extra_args(spec, hybrid=hybrid))
-    if problems:
-        raise SpecError(problems)
-    model = model_path(spec)
-    chunk = cfg.ssd_chunk_size if cfg is not None else None
-    tag_warning = image_version_warning(spec.image or c.vllm_image(version), version)
-    warnings = ((tag_warning,) if tag_warning else ()) + tuple(block_size_warnings(spec, row, hybrid))
+def compute_profile(valid: Validated) -> Profile:
+    """Pure: the per-role env/args for a validated CR (hpd_operator.validation.validate)."""
+    spec, row, info = valid.spec, valid.row, valid.model
     return Profile(
-        warnings=warnings,
-        vllm_version=version,
+        warnings=valid.warnings,
+        vllm_version=spec.vllm_version,
         row=row.minor,
-        hybrid=hybrid,
-        hybrid_reason=hybrid_reason,
-        model=model,
+        hybrid=info.hybrid,
+        hybrid_reason=info.hybrid_reason,
+        model=info.path,
         served_model_name=spec.model.name,
-        ssd_chunk_size=chunk,
-        prefill=_role_profile(spec, "prefill", row=row, hybrid=hybrid, model=model, chunk=chunk),
-        decode=_role_profile(spec, "decode", row=row, hybrid=hybrid, model=model, chunk=chunk),
+        ssd_chunk_size=info.ssd_chunk_size,
+        prefill=_role_profile(valid, "prefill"),
+        decode=_role_profile(valid, "decode"),
         rules=tuple(
             VersionRuleStatus(rule=r.key, versions=r.versions, upstream=r.upstream, note=r.note)
             for r in row.rules
-            if hybrid or not r.hybrid_only
+            if info.hybrid or not r.hybrid_only
         ),
     )

@@ -1,9 +1,9 @@
 """`python -m hpd_operator render -f FILE [-o yaml|json]`: what the operator would apply, without a cluster.
 
-Like `helm template`: reads every HybridPDDeployment in FILE (multi-document YAML or JSON; `-` = stdin),
-validates it exactly as the operator does (schema -> profile) and prints the manifests. Until the builders
-exist (`hpd_operator.builders.build_all(cr, profile) -> list[dict]`), it prints one
-`hybridpd.io/v1alpha1 HybridPDProfile` document per CR and role: a render-only view of the profile, never applied.
+Like `helm template`: reads every HybridPDDeployment in FILE (multi-document YAML or JSON; `-` = stdin), runs it
+through exactly what the operator runs (parse -> validate -> profile -> build) and prints the manifests.
+`profile_manifests` is another builder for the same hook: one render-only `hybridpd.io/v1alpha1 HybridPDProfile`
+document per CR and role, the profile as data (never applied).
 An invalid spec prints the same text the operator puts into the `InvalidSpec` condition and exits 2.
 """
 
@@ -12,18 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-import pydantic
 import yaml
 
-from hpd_operator.api import constants as c
-from hpd_operator.api.models import HybridPDDeployment, with_default_images, with_default_pod_monitor_labels
-from hpd_operator.api.rules import violations
+from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.api.parse import parse_cr
+from hpd_operator.builders import build_all
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.validation import validate
 from hpd_runtime import contract
 
 Manifest = dict[str, Any]
@@ -31,28 +31,6 @@ Builder = Callable[[HybridPDDeployment, Profile], list[Manifest]]
 """The hook the builders plug in: the typed CR and its profile -> every object to apply."""
 
 PROFILE_KIND = "HybridPDProfile"
-
-
-def parse_cr(
-    obj: dict[str, Any],
-    *,
-    vllm_image: str = c.VLLM_IMAGE_TEMPLATE,
-    router_image: str = c.DEFAULT_ROUTER_IMAGE,
-    pod_monitor_labels: Mapping[str, str] | None = None,
-) -> HybridPDDeployment:
-    """Parse one CR dict; schema errors become a SpecError with camelCase field paths. Images the CR leaves out
-    become the given defaults (the operator passes its `--vllm-image/--router-image`), and its
-    `--pod-monitor-label`s go under the CR's own spec.monitoring.labels."""
-    try:
-        cr = HybridPDDeployment.model_validate(obj)
-    except pydantic.ValidationError as err:
-        raise SpecError.from_validation_error(err, prefix="") from None
-    problems = violations("root", cr, "")  # metadata.name; the spec's rules run in compute_profile
-    if problems:
-        raise SpecError(problems)
-    image_set = isinstance(obj.get("spec"), dict) and obj["spec"].get("image") is not None
-    cr = with_default_images(cr, vllm_image=vllm_image, router_image=router_image, image_set=image_set)
-    return with_default_pod_monitor_labels(cr, pod_monitor_labels or {})
 
 
 class RenderError(Exception):
@@ -64,7 +42,7 @@ class RenderError(Exception):
 
 
 def profile_manifests(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
-    """The fallback 'builder': the profile per role, as render-only documents."""
+    """A builder for the render hook: the profile per role, as render-only documents."""
     docs: list[Manifest] = []
     for role in contract.ROLES:
         rp = profile.role(role)
@@ -93,16 +71,6 @@ def profile_manifests(cr: HybridPDDeployment, profile: Profile) -> list[Manifest
     return docs
 
 
-def default_builder() -> Builder:
-    """`hpd_operator.builders.build_all` when it exists, else the profile view."""
-    try:
-        from hpd_operator import builders
-    except ImportError:  # pragma: no cover - the package always exists
-        return profile_manifests
-    build_all = getattr(builders, "build_all", None)
-    return build_all if callable(build_all) else profile_manifests
-
-
 def load_documents(text: str) -> list[dict[str, Any]]:
     docs = [d for d in yaml.safe_load_all(text) if d is not None]
     out: list[dict[str, Any]] = []
@@ -116,13 +84,13 @@ def load_documents(text: str) -> list[dict[str, Any]]:
 
 def render(objs: Iterable[dict[str, Any]], builder: Builder | None = None) -> list[Manifest]:
     """All manifests for the CRs; raises RenderError for the first invalid CR."""
-    build = builder or default_builder()
+    build = builder or build_all
     manifests: list[Manifest] = []
     for obj in objs:
         name = str((obj.get("metadata") or {}).get("name", "unnamed"))
         try:
             cr = parse_cr(obj)
-            profile = compute_profile(cr.spec)
+            profile = compute_profile(validate(cr))
         except SpecError as err:
             raise RenderError(name, err) from None
         manifests += build(cr, profile)

@@ -18,7 +18,7 @@ from kubernetes import client
 
 from hpd_operator import apply as k8s
 from hpd_operator import metrics
-from hpd_operator.builders import role_name, router_name
+from hpd_operator.api.names import component_names
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
@@ -32,13 +32,6 @@ def now() -> str:
 # --- read ---------------------------------------------------------------------------------------------------------
 # The CRs, children, pods and nodes come from the watch cache (cache.py); these shape what it holds, or read what
 # no watch covers.
-def component_names(cr_name: str) -> dict[str, str]:
-    """Component (prefill, decode, router) -> its Deployment's name."""
-    out: dict[str, str] = {role: role_name(cr_name, role) for role in contract.ROLES}
-    out[contract.COMPONENT_ROUTER] = router_name(cr_name)
-    return out
-
-
 def observe_deployments(children: Iterable[Mapping[str, Any]], name: str, uid: str) -> dict[str, dict[str, Any] | None]:
     """Component -> its live Deployment, if this CR owns it (from the CR's cached children)."""
     by_name = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeploymentSpec
-from hpd_operator.builders import endpoint_url, selector_string
+from hpd_operator.api.names import endpoint_url, selector_string
 from hpd_operator.conditions import (
     COMPONENT_CONDITION,
     FAILURE_REASONS,

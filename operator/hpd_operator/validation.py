@@ -1,42 +1,192 @@
-"""The operator's checks of a parsed CR, beyond what pydantic's field constraints already enforce (pure).
+"""Every check of a parsed CR beyond pydantic's field constraints, behind one entry point (pure).
 
-- `check_cr(cr)`: the rule table (hpd_operator.api.rules: the same rules the CRD's CEL runs) on every node of the
-  CR, then the extraArgs of both roles as vLLM's parser reads them.
-- `check_extra_args(spec, hybrid=...)`: each role's `spec.extraArgs + spec.<role>.extraArgs` resolved with the
-  flag list of spec.vllmVersion (hpd_operator.vllm_flags): operator-owned flags in ANY spelling vLLM accepts
-  (abbreviations, `_` for `-`, `--no-` forms, `--flag=value`, `--json-flag.key value`), flags that version does not
-  know, ambiguous abbreviations, and values without a flag or flags without their value.
+    valid = validate(cr)          # raises SpecError naming every violated field at once; else a Validated
+    profile = compute_profile(valid)
 
-Every problem is a SpecViolation naming the field (`spec.decode.extraArgs[2]`); the caller raises them together.
+The caller runs parse (hpd_operator.api.parse: schema + metadata.name) -> validate -> profile -> build; the
+profile only renders what `validate` accepted and resolved. What `validate` checks, in this order:
+- the model's numbers against the TP sizes and the vLLM version (operator only: CEL cannot know the model):
+  heads and groups a TP size does not divide, and heterogeneous TP that replicates KV heads or Mamba groups, which
+  vLLM 0.20 cannot serve and 0.21-0.26 only with spec.blockSize;
+- the rule table (hpd_operator.api.rules: the same rules the CRD's CEL runs, TP sizes that divide one another
+  among them) on every node of the spec;
+- each role's `spec.extraArgs + spec.<role>.extraArgs` resolved with the flag list of spec.vllmVersion
+  (hpd_operator.vllm_flags): operator-owned flags in ANY spelling vLLM accepts (abbreviations, `_` for `-`, `--no-`
+  forms, `--flag=value`, `--json-flag.key value`), flags that version does not know, ambiguous abbreviations,
+  values without a flag or flags without their value, kv_both, speculative decoding with hybrid P/D.
+It also says what is accepted but risky (Validated.warnings: status.profile.warnings and a Warning Event): an
+image tag naming another release than spec.vllmVersion, an explicit block size where vLLM may raise it.
+
+Every problem is a SpecViolation naming the field (`spec.decode.extraArgs[2]`), raised together.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 from hpd_operator.api import constants as c
-from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec, PodTemplate, RoleSpec
+from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec, ModelConfigSpec, PodTemplate, RoleSpec
 from hpd_operator.api.rules import Scope, violations
-from hpd_operator.errors import SpecViolation
+from hpd_operator.errors import SpecError, SpecViolation
+from hpd_operator.modelinfo import ModelInfo, model_info
+from hpd_operator.versions import (
+    BLOCK_SIZE_FIXED_MINOR,
+    VersionRow,
+    image_version_warning,
+    kv_both_since,
+    parse_version,
+    version_row,
+)
 from hpd_operator.vllm_flags import FlagTable, available_versions, flag_table, resolve
 from hpd_runtime import contract
 
-REGENERATE = "python -m hpd_operator.vllm_flags.generate --version {v}"
+REGENERATE = "python -m hpd_devcluster.vllm_flags --version {v}"
+"""The command that writes a flag list (dev only: the generator needs vLLM's parser venv, hack/vllm-parser-env.sh)."""
 
 
-def _kv_both_since() -> str:
-    """When vLLM deprecated kv_both, from the version table (one source; imported here: profile imports us)."""
-    from hpd_operator.profile import VERSION_RULES
+@dataclass(frozen=True)
+class Validated:
+    """A CR that passed every check, with what the checks resolved: the profile renders from this alone."""
 
-    rule = next(r for r in VERSION_RULES if r.key == "kv-both-deprecated")
-    return f"0.{rule.first}, {rule.upstream}"
+    cr: HybridPDDeployment
+    row: VersionRow
+    """The version table's rules for spec.vllmVersion."""
+    model: ModelInfo
+    warnings: tuple[str, ...] = ()
+    """Accepted but risky settings: shown in the Ready condition's message and posted once as a Warning Event."""
+
+    @property
+    def spec(self) -> HybridPDDeploymentSpec:
+        return self.cr.spec
 
 
-def check_cr(cr: HybridPDDeployment) -> list[SpecViolation]:
-    """The rule table on the whole CR (metadata.name included)."""
-    return violations("root", cr, "") + check_spec(cr.spec)
+def validate(cr: HybridPDDeployment) -> Validated:
+    """Every check of `cr`'s spec, once; raises SpecError with all violations in a stable order."""
+    spec = cr.spec
+    row = version_row(spec.vllm_version)
+    model = model_info(spec)
+    problems = check_model(spec, row, model) + check_spec(spec) + check_extra_args(spec, hybrid=model.hybrid)
+    if problems:
+        raise SpecError(problems)
+    return Validated(cr=cr, row=row, model=model, warnings=spec_warnings(spec, row, hybrid=model.hybrid))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The model's numbers against TP and the vLLM version
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _TpRule:
+    rule: str
+    number: Callable[[ModelConfigSpec], int | None]
+    ok: Callable[[int, int], bool]
+    """(the config number, the TP size) -> whether vLLM can split it."""
+    text: str
+
+
+_TP_RULES: Final = (
+    _TpRule(
+        rule="attention-heads-divisible",
+        number=lambda m: m.num_attention_heads,
+        ok=lambda n, t: n % t == 0,
+        text="num_attention_heads {n} is not divisible by TP {t}",
+    ),
+    _TpRule(
+        rule="kv-heads-divisible",
+        number=lambda m: m.num_key_value_heads,
+        ok=lambda n, t: n % t == 0 or t % n == 0,
+        text="num_key_value_heads {n} and TP {t}: one must divide the other",
+    ),
+    _TpRule(
+        rule="mamba-heads-divisible",
+        number=lambda m: m.mamba_num_heads,
+        ok=lambda n, t: n % t == 0,
+        text="mamba_num_heads {n} is not divisible by TP {t}",
+    ),
+    _TpRule(
+        rule="mamba-groups-divisible",
+        number=lambda m: m.mamba_n_groups,
+        ok=lambda n, t: n % t == 0 or n == 1,
+        text="n_groups {n} is not divisible by TP {t} (and is not 1)",
+    ),
+    _TpRule(
+        rule="hidden-size-divisible",
+        number=lambda m: m.hidden_size,
+        ok=lambda n, t: n % t == 0,
+        text="hidden_size {n} is not divisible by TP {t}",
+    ),
+)
+_TP_SIZES: Final = (1, 2, 4, 8, 16, 32, 64)
+"""The TP sizes suggested in messages."""
+
+
+def check_model(spec: HybridPDDeploymentSpec, row: VersionRow, model: ModelInfo) -> list[SpecViolation]:
+    """Heterogeneous TP on this version, then each role's TP against the heads and groups (nothing without the
+    model's numbers). TP sizes that do not divide one another are the rule table's (tp-divides)."""
+    if model.config is None:
+        return []
+    out = _check_hetero_tp(spec, row, model, model.config)
+    for role in contract.ROLES:
+        tp, field = spec.role(role).tensor_parallel_size, f"spec.{role}.tensorParallelSize"
+        out += _check_role_tp(tp, field, model.config, model.config_source)
+    return out
+
+
+def _check_hetero_tp(
+    spec: HybridPDDeploymentSpec, row: VersionRow, model: ModelInfo, cfg: ModelConfigSpec
+) -> list[SpecViolation]:
+    """Different TP sizes whose larger one replicates KV heads or Mamba groups (hetero TP itself is allowed in
+    every version, rule hetero-tp-mamba2)."""
+    p, d = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
+    top = max(p, d)
+    replicated = [
+        f"the {n} {what}"
+        for n, what in ((cfg.num_key_value_heads, "KV heads"), (cfg.mamba_n_groups, "Mamba groups"))
+        if n is not None and top > n
+    ]
+    if not (model.hybrid and p != d and replicated):
+        return []
+    pair = f"prefill TP {p} and decode TP {d}: at TP {top} " + " and ".join(replicated) + f" ({model.config_source})"
+    if row.has("replicated-hetero-tp-unservable"):
+        return [
+            SpecViolation(
+                "spec.decode.tensorParallelSize" if d > p else "spec.prefill.tensorParallelSize",
+                "replicated-hetero-tp-unservable",
+                f"{pair} are replicated, and vLLM {row.minor} cannot serve that pair: without spec.blockSize the roles "
+                "derive different block sizes (NIXL refuses), and with one that makes them equal P->D output was NaN "
+                f"({row.cite('replicated-hetero-tp-unservable')}); use equal TP sizes, sizes that split the heads, "
+                "or vLLM 0.27+",
+            )
+        ]
+    if spec.block_size is None and row.equal_block_size_required:
+        return [
+            SpecViolation(
+                "spec.blockSize",
+                "block-size-required-for-replicated-heads",
+                f"{pair} are replicated, so vLLM's own attention block size differs between the roles and vLLM "
+                f"{row.minor} rejects the pair ({row.cite('equal-block-size')}); set spec.blockSize (a multiple of "
+                "16) to at least the larger 'Setting attention block size' value vLLM logs for the two TP sizes, "
+                "or use vLLM 0.27+",
+            )
+        ]
+    return []
+
+
+def _check_role_tp(tp: int, field: str, cfg: ModelConfigSpec, source: str) -> list[SpecViolation]:
+    """One role's TP size against every config number vLLM splits across ranks."""
+    known = [(r, n) for r in _TP_RULES if (n := r.number(cfg)) is not None]
+    valid = ", ".join(str(t) for t in _TP_SIZES if all(r.ok(n, t) for r, n in known))
+    return [
+        SpecViolation(field, r.rule, r.text.format(n=n, t=tp) + f" ({source}); valid TP sizes: {valid}")
+        for r, n in known
+        if not r.ok(n, tp)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rule table
+# ---------------------------------------------------------------------------------------------------------------
 def check_spec(spec: HybridPDDeploymentSpec) -> list[SpecViolation]:
     """The rule table on every node of the spec, in schema order."""
     out: list[SpecViolation] = []
@@ -102,14 +252,6 @@ def check_extra_args(spec: HybridPDDeploymentSpec, *, hybrid: bool) -> list[Spec
     return sorted(seen.values(), key=lambda v: (v.field.split("[")[0], _index(v.field), v.rule))
 
 
-def unique(vs: list[SpecViolation]) -> list[SpecViolation]:
-    """The first violation of each (field, rule), in order."""
-    seen: dict[tuple[str, str], SpecViolation] = {}
-    for v in vs:
-        seen.setdefault((v.field, v.rule), v)
-    return list(seen.values())
-
-
 def _index(field: str) -> int:
     return int(field.rsplit("[", 1)[1].rstrip("]")) if "[" in field else -1
 
@@ -154,7 +296,38 @@ def check_args(
                     f"{where[i][0]}[{where[i][1]}]",
                     "no-kv-both",
                     "kv_role kv_both is not used for P/D (prefill is kv_producer, decode is "
-                    f"kv_consumer; kv_both is deprecated from vLLM {_kv_both_since()})",
+                    f"kv_consumer; kv_both is deprecated from vLLM {kv_both_since()})",
                 )
             )
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accepted, with a warning
+# ---------------------------------------------------------------------------------------------------------------
+def spec_warnings(spec: HybridPDDeploymentSpec, row: VersionRow, *, hybrid: bool) -> tuple[str, ...]:
+    """What is accepted but risky: an image tag naming another vLLM release, a block size vLLM may raise."""
+    tag = image_version_warning(spec.image, spec.vllm_version) if spec.image is not None else None
+    return ((tag,) if tag else ()) + block_size_warnings(spec, row, hybrid)
+
+
+def block_size_warnings(spec: HybridPDDeploymentSpec, row: VersionRow, hybrid: bool) -> tuple[str, ...]:
+    """A warning when a user block size may be raised by vLLM on a version where that corrupted P->D.
+
+    Whether vLLM raises it depends on the Mamba page size (conv + SSM state bytes per sequence: ssm_state_size,
+    mamba_head_dim, conv_kernel, the state dtype) against the attention page per token (head_dim): spec.model.config
+    carries none of those numbers, so the operator cannot tell a safe value (>= vLLM's own size, e.g. 528 or 1056
+    for the tiny Nemotron-H) from a raised one (128 -> 640); it warns on every explicit value instead, and the
+    decode pair check is what refuses Ready when P->D output differs."""
+    if spec.block_size is None or not hybrid:
+        return ()
+    v = parse_version(row.minor)
+    if v is not None and (v.major, v.minor) >= BLOCK_SIZE_FIXED_MINOR:
+        return ()
+    return (
+        f"spec.blockSize={spec.block_size}: vLLM {row.minor} raises a block size below the model's Mamba-aligned "
+        "size (e.g. 128 -> 640 tokens on a 64-token kernel block), and on vLLM 0.20 that corrupted P->D output "
+        "(token 0 repeated); the Mamba page size cannot be computed from spec.model.config, so this value is not "
+        "checked here. Remove spec.blockSize unless the TP sizes need it; the decode pair check keeps decode not "
+        "Ready if P->D output differs from local",
+    )

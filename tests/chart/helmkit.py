@@ -83,7 +83,7 @@ def kinds(docs: Sequence[dict[str, Any]]) -> list[str]:
 
 def adopt_crd(helm: Helm, kubeconfig: Path, release: str, namespace: str) -> None:
     """Make the CRD (applied from crds/ if absent) adoptable by `release`: the documented path for a cluster whose
-    CRD was applied with kubectl before the chart (README), and what lets every test install with crds.enabled."""
+    CRD was applied with kubectl before the chart (docs/install.md), and what lets every test install with crds.enabled."""
     helm.kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     helm.kubectl(
         kubeconfig, "annotate", "--overwrite", "crd", CRD_NAME,

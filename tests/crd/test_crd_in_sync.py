@@ -124,18 +124,18 @@ def test_cel_cases_are_rejected_by_the_operator_too() -> None:
     import pydantic
     from cel_cases import BAD_NAMES, BAD_SPECS, GOOD_SPECS  # tests/crd is on sys.path (rootdir-relative)
 
-    from hpd_operator.api.models import HybridPDDeploymentSpec
+    from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
+    from hpd_operator.api.parse import parse_cr
     from hpd_operator.errors import SpecError
-    from hpd_operator.profile import compute_profile
-    from hpd_operator.render import parse_cr
+    from hpd_operator.validation import validate
 
     for case, spec, _ in BAD_SPECS:
         with pytest.raises((pydantic.ValidationError, SpecError)) as ei:
-            compute_profile(HybridPDDeploymentSpec.model_validate(spec))
+            validate(HybridPDDeployment(spec=HybridPDDeploymentSpec.model_validate(spec)))
         if isinstance(ei.value, SpecError) and case in RULE_IDS:
             assert case in {v.rule for v in ei.value.violations}, (case, ei.value.message)
     for _, spec in GOOD_SPECS:
-        compute_profile(HybridPDDeploymentSpec.model_validate(spec))
+        validate(HybridPDDeployment(spec=HybridPDDeploymentSpec.model_validate(spec)))
     for rule, name, _ in BAD_NAMES:
         obj = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "metadata": {"name": name},
                "spec": {"model": {"name": "x/y"}}}  # fmt: skip

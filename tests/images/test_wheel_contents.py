@@ -1,7 +1,9 @@
-"""The operator's wheel (what goes into every image) carries the operator and the runtime, never the test harness."""
+"""The operator's wheel (what goes into every image) carries the operator and the runtime, never the test harness
+or the dev-only generators, and nothing in it imports what it does not carry."""
 
 from __future__ import annotations
 
+import ast
 import zipfile
 from pathlib import Path
 
@@ -35,3 +37,35 @@ def test_wheel_has_the_operator_and_the_runtime(wheel: zipfile.ZipFile) -> None:
     for module in ("hpd_operator/__main__.py", "hpd_operator/api/crdgen.py", "hpd_operator/builders/__init__.py",
                    "hpd_runtime/contract.py", "hpd_runtime/py.typed", "hpd_operator/py.typed"):  # fmt: skip
         assert module in names
+
+
+def test_wheel_has_the_flag_lists_but_no_dev_only_generator(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    assert {f"hpd_operator/vllm_flags/{v}.json" for v in ("0.20", "0.25", "0.27", "0.33")} <= names
+    generators = ("hpd_operator/monitoring/", "hpd_operator/vllm_flags/generate.py", "hpd_operator/vllm_flags/_dump.py")
+    dev_only = sorted(n for n in names if n.startswith(generators))
+    assert not dev_only, f"dev-only code in the wheel: {dev_only}"
+
+
+def _imports(source: str) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_every_module_the_wheel_imports_of_ours_is_in_the_wheel(wheel: zipfile.ZipFile) -> None:
+    """Imports at any depth (a function's lazy import too): a module of ours the wheel lacks would fail in the images,
+    and the dev-only packages (hpd_devcluster, grafana_foundation_sdk) must not be reached at all."""
+    names = set(wheel.namelist())
+    ours = {n.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for n in names if n.endswith(".py")}
+    for name in sorted(n for n in names if n.endswith(".py")):
+        for module in _imports(wheel.read(name).decode()):
+            top = module.split(".")[0]
+            assert top not in ("hpd_devcluster", "grafana_foundation_sdk"), f"{name} imports {module}"
+            if top in ("hpd_operator", "hpd_runtime"):
+                parent = module.rsplit(".", 1)[0]
+                assert module in ours or parent in ours, f"{name} imports {module}, which the wheel does not carry"

@@ -140,7 +140,7 @@ def test_denied_regex_lets_other_flags_through(arg: str) -> None:
 
 
 def test_operator_default_images_fill_only_what_the_cr_leaves_out() -> None:
-    from hpd_operator.render import parse_cr
+    from hpd_operator.api.parse import parse_cr
 
     doc = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "metadata": {"name": "x"}}
     omitted = parse_cr({**doc, "spec": {"model": {"name": "m"}}}, vllm_image="reg/v:1", router_image="reg/r:2")

@@ -10,9 +10,11 @@ from typing import Any
 import yaml
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders import build_all, short_name
+from hpd_operator.api.names import short_name
+from hpd_operator.builders import build_all
 from hpd_operator.builders.engine import MODEL_LOAD_ALLOWANCE_SECONDS, startup_failure_threshold
 from hpd_operator.profile import compute_profile
+from hpd_operator.validation import validate
 from hpd_runtime import contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +34,7 @@ def seed_doc() -> dict[str, Any]:
 
 def build(doc: dict[str, Any]) -> list[dict[str, Any]]:
     cr = cr_from(doc)
-    return build_all(cr, compute_profile(cr.spec))
+    return build_all(cr, compute_profile(validate(cr)))
 
 
 def by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:

@@ -10,10 +10,10 @@ import yaml
 from prometheus_client import generate_latest
 
 from hpd_operator import metrics
+from hpd_operator.api.parse import parse_cr
 from hpd_operator.builders.monitoring import CR_LABEL, ROLE_LABEL, build_pod_monitors
 from hpd_operator.monitoring import __main__ as gen
 from hpd_operator.monitoring import dashboard, rules
-from hpd_operator.render import parse_cr
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO / "examples" / "nemotron-3-nano.yaml"
@@ -174,9 +174,10 @@ def test_network_policies_let_prometheus_reach_every_pod_monitor_endpoint() -> N
     """The default NetworkPolicies (spec.networkPolicy) must not silently block what the PodMonitors scrape."""
     from hpd_operator.builders import build_all
     from hpd_operator.profile import compute_profile
+    from hpd_operator.validation import validate
 
     cr = _cr()
-    objs = build_all(cr, compute_profile(cr.spec))
+    objs = build_all(cr, compute_profile(validate(cr)))
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     monitors = [o for o in objs if o["kind"] == "PodMonitor"]
     assert len(monitors) == 2 and len(policies) == 2

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import KNOWN_MODELS, compute_profile
+from hpd_operator.modelinfo import KNOWN_MODELS
+from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.validation import Validated, validate
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
 
@@ -19,6 +21,15 @@ def spec(**kw: Any) -> HybridPDDeploymentSpec:
     for k, v in kw.items():
         obj[k] = {**obj.get(k, {}), **v} if isinstance(v, dict) else v
     return HybridPDDeploymentSpec.model_validate(obj)
+
+
+def check(s: HybridPDDeploymentSpec) -> Validated:
+    """Every check, as the operator runs them before the profile (raises SpecError)."""
+    return validate(HybridPDDeployment(spec=s))
+
+
+def profile_of(s: HybridPDDeploymentSpec) -> Profile:
+    return compute_profile(check(s))
 
 
 def rules(err: SpecError) -> set[tuple[str, str]]:
@@ -31,18 +42,18 @@ def kv_config(args: tuple[str, ...]) -> dict[str, str]:
 
 # --- env and args -------------------------------------------------------------------------------------------------
 def test_prefill_gets_kv_producer_and_decode_kv_consumer() -> None:
-    p = compute_profile(spec())
+    p = profile_of(spec())
     assert kv_config(p.prefill.args) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
     assert kv_config(p.decode.args) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
 
 
 def test_load_failure_policy_only_when_not_default() -> None:
-    p = compute_profile(spec(kvTransfer={"loadFailurePolicy": "recompute"}))
+    p = profile_of(spec(kvTransfer={"loadFailurePolicy": "recompute"}))
     assert kv_config(p.decode.args)["kv_load_failure_policy"] == "recompute"
 
 
 def test_side_channel_host_is_the_pod_ip_via_downward_api() -> None:
-    env = compute_profile(spec(kvTransfer={"sideChannelPort": 6100})).decode.env_k8s()
+    env = profile_of(spec(kvTransfer={"sideChannelPort": 6100})).decode.env_k8s()
     names = [e["name"] for e in env]
     assert env[0] == {"name": "HPD_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     host = env[names.index("VLLM_NIXL_SIDE_CHANNEL_HOST")]
@@ -52,13 +63,13 @@ def test_side_channel_host_is_the_pod_ip_via_downward_api() -> None:
 
 
 def test_ds_layout_on_both_roles_for_hybrid_models() -> None:
-    p = compute_profile(spec())
+    p = profile_of(spec())
     for rp in (p.prefill, p.decode):
         assert {"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"} in rp.env_k8s()
 
 
 def test_attention_only_model_gets_no_hybrid_settings() -> None:
-    p = compute_profile(spec(model={"name": "meta-llama/Llama-3.1-8B", "hybrid": "none"}))
+    p = profile_of(spec(model={"name": "meta-llama/Llama-3.1-8B", "hybrid": "none"}))
     assert not p.hybrid
     assert "VLLM_SSM_CONV_STATE_LAYOUT" not in [e.name for e in p.prefill.env]
     assert "--no-enable-prefix-caching" not in p.decode.args
@@ -66,7 +77,7 @@ def test_attention_only_model_gets_no_hybrid_settings() -> None:
 
 
 def test_unknown_auto_model_gets_hybrid_settings() -> None:
-    p = compute_profile(spec(model={"name": "someone/unknown-model"}))
+    p = profile_of(spec(model={"name": "someone/unknown-model"}))
     assert p.hybrid and "unknown" in p.hybrid_reason
 
 
@@ -77,7 +88,7 @@ def test_seed_args_in_order() -> None:
         prefill={"tensorParallelSize": 2},
         decode={"tensorParallelSize": 2},
     )
-    args = list(compute_profile(s).decode.args)
+    args = list(profile_of(s).decode.args)
     assert "--block-size" not in args  # vLLM picks the Mamba-aligned size; the same on both roles (equal TP)
     assert args[:12] == [
         "--model",
@@ -103,39 +114,56 @@ def test_seed_args_in_order() -> None:
 
 
 def test_extra_args_global_then_role() -> None:
-    p = compute_profile(spec(extraArgs=["--max-num-seqs", "64"], decode={"extraArgs": ["--enforce-eager"]}))
+    p = profile_of(spec(extraArgs=["--max-num-seqs", "64"], decode={"extraArgs": ["--enforce-eager"]}))
     assert list(p.decode.args[-3:]) == ["--max-num-seqs", "64", "--enforce-eager"]
     assert list(p.prefill.args[-2:]) == ["--max-num-seqs", "64"]
 
 
 def test_role_gpu_memory_utilization_overrides_global() -> None:
-    p = compute_profile(spec(gpuMemoryUtilization=0.8, decode={"gpuMemoryUtilization": 0.9}))
+    p = profile_of(spec(gpuMemoryUtilization=0.8, decode={"gpuMemoryUtilization": 0.9}))
     assert p.decode.args[p.decode.args.index("--gpu-memory-utilization") + 1] == "0.9"
     assert p.prefill.args[p.prefill.args.index("--gpu-memory-utilization") + 1] == "0.8"
 
 
 def test_pvc_source_gives_the_mount_path_as_model_on_both_roles() -> None:
     s = spec(model={"name": "nano", "source": {"pvc": {"claimName": "models", "path": "nano-fp8"}}})
-    p = compute_profile(s)
+    p = profile_of(s)
     assert p.model == "/models/nano-fp8"
     for rp in (p.prefill, p.decode):
         assert rp.args[:4] == ("--model", "/models/nano-fp8", "--served-model-name", "nano")
 
 
 def test_chunk_size_from_the_built_in_table_reaches_the_runtime() -> None:
-    env = {e.name: e.value for e in compute_profile(spec()).prefill.env}
+    env = {e.name: e.value for e in profile_of(spec()).prefill.env}
     assert env["HPD_SSD_CHUNK_SIZE"] == "128"
     assert env["HPD_WARMUP_PAIR_CHECK"] == "false"
-    assert {e.name: e.value for e in compute_profile(spec()).decode.env}["HPD_WARMUP_PAIR_CHECK"] == "true"
+    assert {e.name: e.value for e in profile_of(spec()).decode.env}["HPD_WARMUP_PAIR_CHECK"] == "true"
 
 
-def test_user_env_comes_last() -> None:
-    p = compute_profile(spec(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]))
-    assert p.prefill.env[-1].name == "NCCL_DEBUG"
+def test_user_env_follows_the_operators_settings_and_the_pods_identity_ends_the_env() -> None:
+    p = profile_of(spec(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]))
+    assert [e.name for e in p.prefill.env[-3:]] == ["NCCL_DEBUG", "HPD_INSTANCE", "HPD_CACHE_DIR"]
+    assert [e.name for e in p.decode.env[-3:]] == ["HPD_INSTANCE", "HPD_CACHE_DIR", "HPD_PREFILL_SERVICE"]
+
+
+def test_the_profile_writes_every_hpd_env_entry_of_the_container() -> None:
+    from hpd_operator.builders import build_all
+
+    cr = HybridPDDeployment.model_validate(
+        {"metadata": {"name": "m", "namespace": "ns"}, "spec": {"model": {"name": NANO}}}
+    )
+    p = compute_profile(validate(cr))
+    assert {"name": "HPD_PREFILL_SERVICE", "value": "m-prefill.ns.svc"} in p.decode.env_k8s()
+    for dep in (o for o in build_all(cr, p) if o["kind"] == "Deployment" and o["metadata"]["name"] != "m-router"):
+        env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+        role = dep["metadata"]["labels"]["hybridpd.io/role"]
+        assert [e for e in env if e["name"].startswith("HPD_")] == [
+            e for e in p.role(role).env_k8s() if e["name"].startswith("HPD_")
+        ]
 
 
 def test_status_profile_lists_every_injection_with_a_reason() -> None:
-    st = compute_profile(spec()).status()
+    st = profile_of(spec()).status()
     assert st["vllmVersion"] == "0.20.0" and st["versionRow"] == "0.20"
     inj = st["injections"]
     assert isinstance(inj, list) and inj
@@ -144,7 +172,7 @@ def test_status_profile_lists_every_injection_with_a_reason() -> None:
 
 def test_compute_profile_is_pure() -> None:
     s = spec()
-    assert compute_profile(s) == compute_profile(s)
+    assert profile_of(s) == profile_of(s)
 
 
 def test_known_models_only_with_found_numbers() -> None:
@@ -266,17 +294,17 @@ def test_known_models_only_with_found_numbers() -> None:
 )
 def test_cross_role_rule(bad: dict[str, Any], good: dict[str, Any], field: str, rule: str) -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(**bad))
+        check(spec(**bad))
     assert (field, rule) in rules(ei.value), ei.value.message
     assert field in ei.value.message
-    compute_profile(spec(**good))
+    profile_of(spec(**good))
 
 
 def test_heterogeneous_tp_allowed_in_both_directions_on_every_version() -> None:
     """Nano's 2 KV heads replicate at TP 4: allowed (with a block size) from 0.21; 0.20 refuses it (next test)."""
     for version in ("0.22.0", "0.25.0", "0.33.0"):
         for p, d in ((4, 2), (2, 4)):
-            prof = compute_profile(
+            prof = profile_of(
                 spec(
                     vllmVersion=version,
                     blockSize=4096,
@@ -289,10 +317,10 @@ def test_heterogeneous_tp_allowed_in_both_directions_on_every_version() -> None:
 
 
 def test_block_size_unset_passes_no_flag_and_set_passes_the_same_on_both_roles() -> None:
-    unset = compute_profile(spec())
+    unset = profile_of(spec())
     assert "--block-size" not in unset.prefill.args and "--block-size" not in unset.decode.args
     assert not [i for i in unset.status()["injections"] if i["setting"] == "--block-size"]
-    both = compute_profile(spec(blockSize=1024))
+    both = profile_of(spec(blockSize=1024))
     assert [rp.args[rp.args.index("--block-size") + 1] for rp in (both.prefill, both.decode)] == ["1024", "1024"]
 
 
@@ -312,11 +340,11 @@ def test_hetero_tp_that_replicates_heads_needs_an_explicit_block_size(
     body = {"model": {"name": "x/y", "config": config}, "prefill": {"tensorParallelSize": tps[0]},
             "decode": {"tensorParallelSize": tps[1]}, "vllmVersion": "0.25.1"}  # fmt: skip
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(**body))
+        check(spec(**body))
     assert ("spec.blockSize", "block-size-required-for-replicated-heads") in rules(ei.value)
     assert replicated in ei.value.message
-    compute_profile(spec(**body, blockSize=2048))  # an explicit size on both roles is accepted
-    compute_profile(spec(**{**body, "decode": {"tensorParallelSize": tps[0]}}))  # equal TP: vLLM's own size
+    profile_of(spec(**body, blockSize=2048))  # an explicit size on both roles is accepted
+    profile_of(spec(**{**body, "decode": {"tensorParallelSize": tps[0]}}))  # equal TP: vLLM's own size
 
 
 @pytest.mark.parametrize("block_size", [None, 1056, 4096])
@@ -333,53 +361,53 @@ def test_vllm_0_20_refuses_hetero_tp_that_replicates_heads(
     if block_size is not None:
         body["blockSize"] = block_size
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(**body))
+        check(spec(**body))
     field = "spec.decode.tensorParallelSize" if tps[1] > tps[0] else "spec.prefill.tensorParallelSize"
     assert (field, "replicated-hetero-tp-unservable") in rules(ei.value), ei.value.message
     assert "P->D output was NaN" in ei.value.message and "vLLM 0.27+" in ei.value.message
-    compute_profile(spec(**{**body, "vllmVersion": "0.33.0", "blockSize": None}))  # 0.27+ pairs the sizes itself
+    profile_of(spec(**{**body, "vllmVersion": "0.33.0", "blockSize": None}))  # 0.27+ pairs the sizes itself
 
 
 def test_known_model_is_checked_without_a_config_block() -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(decode={"tensorParallelSize": 16}, prefill={"tensorParallelSize": 16}))
+        check(spec(decode={"tensorParallelSize": 16}, prefill={"tensorParallelSize": 16}))
     assert ("spec.decode.tensorParallelSize", "mamba-groups-divisible") in rules(ei.value)
     assert "valid TP sizes: 1, 2, 4, 8" in ei.value.message
 
 
 def test_speculative_decoding_allowed_for_attention_only_models() -> None:
-    compute_profile(spec(model={"name": "x/y", "hybrid": "none"}, decode={"extraArgs": ["--speculative-config", "{}"]}))
+    profile_of(spec(model={"name": "x/y", "hybrid": "none"}, decode={"extraArgs": ["--speculative-config", "{}"]}))
 
 
 def test_all_violations_are_reported_at_once() -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(blockSize=24, extraArgs=["--port", "9000"], env=[{"name": "HPD_X"}]))
+        check(spec(blockSize=24, extraArgs=["--port", "9000"], env=[{"name": "HPD_X"}]))
     assert {r for _, r in rules(ei.value)} == {"block-size-multiple-of-16", "operator-owned-flag", "operator-owned-env"}
     assert ei.value.message.startswith("3 problems in the spec")
 
 
 def test_decode_reports_cached_tokens_for_the_pair_check() -> None:
-    p = compute_profile(spec())
+    p = profile_of(spec())
     assert "--enable-prompt-tokens-details" in p.decode.args
     assert "--enable-prompt-tokens-details" not in p.prefill.args
     assert any(i.setting == "--enable-prompt-tokens-details" for i in p.decode.injections)
-    off = compute_profile(spec(warmup={"pairCheck": False}))
+    off = profile_of(spec(warmup={"pairCheck": False}))
     assert "--enable-prompt-tokens-details" not in off.decode.args
 
 
 def test_every_length_turns_the_gemm_row_sweep_on_in_both_roles_by_default() -> None:
     """issue #12: the first request of a prompt length no warmup prompt had paid cuBLAS's per-row-count algorithm
     choice (+4 to +11 ms on the H200) until hpd_runtime.gemm_warmup ran every row count inside vLLM's startup."""
-    p = compute_profile(spec())
+    p = profile_of(spec())
     for rp in (p.prefill, p.decode):
         env = {e["name"]: e.get("value") for e in rp.env_k8s()}
         assert env["HPD_GEMM_WARMUP_TOKENS"] == "auto"
         assert env["HPD_GEMM_WARMUP_SECONDS"] == "300"
         assert any(i.setting == "HPD_GEMM_WARMUP_TOKENS" and "row count" in i.reason for i in rp.injections)
-    short = compute_profile(spec(warmup={"timeoutSeconds": 60})).prefill.env_k8s()
+    short = profile_of(spec(warmup={"timeoutSeconds": 60})).prefill.env_k8s()
     assert {"name": "HPD_GEMM_WARMUP_SECONDS", "value": "60"} in short  # never longer than the warmup's own budget
     for off in ({"everyLength": False}, {"enabled": False}):
-        q = compute_profile(spec(warmup=off))
+        q = profile_of(spec(warmup=off))
         names = {e["name"] for rp in (q.prefill, q.decode) for e in rp.env_k8s()}
         assert not names & {"HPD_GEMM_WARMUP_TOKENS", "HPD_GEMM_WARMUP_SECONDS"}, off
 
@@ -388,8 +416,8 @@ def test_every_length_turns_the_gemm_row_sweep_on_in_both_roles_by_default() -> 
 def test_an_explicit_block_size_on_a_hybrid_model_warns_where_a_raised_block_corrupted_pd(
     version: str, warned: bool
 ) -> None:
-    p = compute_profile(spec(blockSize=128, vllmVersion=version))
+    p = profile_of(spec(blockSize=128, vllmVersion=version))
     assert bool(p.warnings) == warned
     if warned:
         assert "spec.blockSize=128" in p.warnings[0] and "cannot be computed from spec.model.config" in p.warnings[0]
-    assert compute_profile(spec()).warnings == ()
+    assert profile_of(spec()).warnings == ()

@@ -14,8 +14,9 @@ import yaml
 
 from hpd_operator.__main__ import main
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import Profile
 from hpd_operator.render import RenderError, load_documents, render
+from hpd_operator.validation import validate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -82,7 +83,7 @@ def test_invalid_spec_prints_the_condition_text_and_exits_2(tmp_path: Path, caps
     assert code == 2 and out == ""
     assert "HybridPDDeployment bad is invalid" in err
     try:
-        compute_profile(HybridPDDeployment.model_validate(bad).spec)
+        validate(HybridPDDeployment.model_validate(bad))
     except Exception as e:  # the operator's condition message
         assert str(e) in err
         assert "spec.decode.tensorParallelSize" in str(e)

@@ -7,11 +7,17 @@ from typing import Any, get_args
 
 import yaml
 
-from hpd_operator.api.models import CONDITION_TYPES, HybridPDDeploymentSpec, HybridPDDeploymentStatus
+from hpd_operator.api.models import (
+    CONDITION_TYPES,
+    HybridPDDeployment,
+    HybridPDDeploymentSpec,
+    HybridPDDeploymentStatus,
+)
 from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import compute_profile
+from hpd_operator.profile import Profile, compute_profile
 from hpd_operator.status import MAX_MESSAGE, NOT_SCHEDULED_AFTER, compute_status, next_pod_check, transitions
+from hpd_operator.validation import validate
 
 SEED = Path(__file__).resolve().parents[2] / "examples" / "nemotron-3-nano.yaml"
 
@@ -20,6 +26,10 @@ def spec(**changes: Any) -> HybridPDDeploymentSpec:
     doc = yaml.safe_load(SEED.read_text())["spec"]
     doc.update(changes)
     return HybridPDDeploymentSpec.model_validate(doc)
+
+
+def profile_of(s: HybridPDDeploymentSpec) -> Profile:
+    return compute_profile(validate(HybridPDDeployment(spec=s)))
 
 
 def dep(
@@ -51,7 +61,7 @@ ALL_READY = {"prefill": dep(1, 1), "decode": dep(1, 1), "router": dep(1, 1)}
 
 def test_ready_when_every_role_is_ready() -> None:
     s = spec()
-    st = status(s, ALL_READY, profile=compute_profile(s))
+    st = status(s, ALL_READY, profile=profile_of(s))
     c = conds(st)
     assert c["Ready"]["status"] == "True" and st["phase"] == "Ready"
     assert {c[t]["status"] for t in ("PrefillReady", "DecodeReady", "RouterReady", "WarmedUp")} == {"True"}
@@ -212,7 +222,7 @@ def test_a_deleted_pod_the_deployment_still_counts_ready_is_not_ready() -> None:
 
 def test_apply_failure_reports_the_child_and_the_current_generation() -> None:
     msg = 'the apiserver refused Service 1a-prefill: 422 Unprocessable Entity: metadata.name: Invalid value: "1a"'
-    st = status(spec(), ALL_READY, failure=Failure(Reason.APPLY_FAILED, msg), profile=compute_profile(spec()))
+    st = status(spec(), ALL_READY, failure=Failure(Reason.APPLY_FAILED, msg), profile=profile_of(spec()))
     c = conds(st)
     assert c["Ready"] == {**c["Ready"], "status": "False", "reason": "ApplyFailed", "message": msg}
     assert c["Degraded"]["status"] == "True" and c["Degraded"]["reason"] == "ApplyFailed"
@@ -231,7 +241,7 @@ def _every_status() -> list[dict[str, Any]]:
     stuck = dep(1, 0, conditions=[{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}])
     unsched = {"decode": [pod("d", ready=False, unschedulable="no GPU")]}
     out = [
-        status(s, ALL_READY, profile=compute_profile(s)),
+        status(s, ALL_READY, profile=profile_of(s)),
         status(s, {**ALL_READY, "decode": dep(1, 0)}, pods=unsched),
         status(s, {**ALL_READY, "prefill": stuck, "router": None}),
         status(s, ALL_READY, pods={"decode": [pod("d", node="x")]}, nodes=set()),

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
+from hpd_operator.api.parse import parse_cr
 from hpd_operator.api.rules import RULES, quantity
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
-from hpd_operator.render import parse_cr
-from hpd_operator.validation import check_args, check_spec, reserved_dests
+from hpd_operator.validation import Validated, check_args, check_spec, reserved_dests, validate
 from hpd_operator.vllm_flags import FlagTable, available_versions, flag_table, resolve
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
@@ -29,6 +29,11 @@ TABLES = {v: t for v in VERSIONS if (t := flag_table(v)) is not None}
 
 def spec(**kw: Any) -> HybridPDDeploymentSpec:
     return HybridPDDeploymentSpec.model_validate({"model": {"name": NANO}, **kw})
+
+
+def check(s: HybridPDDeploymentSpec) -> Validated:
+    """The operator's one entry point for every check (raises SpecError)."""
+    return validate(HybridPDDeployment(spec=s))
 
 
 def rules_of(err: SpecError) -> set[tuple[str, str]]:
@@ -63,14 +68,14 @@ def test_a_flag_list_exists_for_the_default_version_and_is_the_real_parsers() ->
 )
 def test_abbreviations_of_owned_flags_are_refused_naming_the_item_and_the_full_flag(arg: list[str], owned: str) -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(decode={"extraArgs": ["--enforce-eager", *arg]}))
+        check(spec(decode={"extraArgs": ["--enforce-eager", *arg]}))
     assert ("spec.decode.extraArgs[1]", "operator-owned-flag") in rules_of(ei.value), ei.value.message
     assert owned in ei.value.message
 
 
 def test_unknown_flag_is_refused_with_the_version_named() -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(extraArgs=["--no-such-flag"]))
+        check(spec(extraArgs=["--no-such-flag"]))
     assert rules_of(ei.value) == {("spec.extraArgs[0]", "unknown-vllm-flag")}
     assert "vLLM 0.20.0 has no such option" in ei.value.message
 
@@ -89,16 +94,16 @@ def test_unknown_flag_is_refused_with_the_version_named() -> None:
 )
 def test_argv_vllm_would_exit_on_is_refused(args: list[str], field: str, text: str) -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(extraArgs=args))
+        check(spec(extraArgs=args))
     assert field in {v.field for v in ei.value.violations} and text in ei.value.message, ei.value.message
 
 
 def test_a_dangling_dotted_flag_in_spec_extra_args_takes_the_roles_first_item() -> None:
     """vLLM sees spec.extraArgs + spec.<role>.extraArgs as one argv."""
-    compute_profile(spec(extraArgs=["--compilation-config.level"], prefill={"extraArgs": ["3"]},
+    check(spec(extraArgs=["--compilation-config.level"], prefill={"extraArgs": ["3"]},
                          decode={"extraArgs": ["3"]}))  # fmt: skip
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(extraArgs=["--compilation-config.level"], prefill={"extraArgs": ["3"]}))
+        check(spec(extraArgs=["--compilation-config.level"], prefill={"extraArgs": ["3"]}))
     assert ("spec.extraArgs[0]", "vllm-argv") in rules_of(ei.value)
 
 
@@ -114,23 +119,23 @@ def test_a_dangling_dotted_flag_in_spec_extra_args_takes_the_roles_first_item() 
     ],
 )
 def test_flags_users_may_pass_still_pass(args: list[str]) -> None:
-    p = compute_profile(spec(decode={"extraArgs": args}))
+    p = compute_profile(check(spec(decode={"extraArgs": args})))
     assert list(p.decode.args[-len(args) :]) == args
 
 
 def test_speculative_flags_only_refused_for_hybrid_models() -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(decode={"extraArgs": ["--speculative-conf", "{}"]}))
+        check(spec(decode={"extraArgs": ["--speculative-conf", "{}"]}))
     assert ("spec.decode.extraArgs[0]", "no-speculative-decoding") in rules_of(ei.value)
-    compute_profile(spec(model={"name": "x/y", "hybrid": "none"}, decode={"extraArgs": ["--speculative-conf", "{}"]}))
+    check(spec(model={"name": "x/y", "hybrid": "none"}, decode={"extraArgs": ["--speculative-conf", "{}"]}))
 
 
 def test_a_version_without_a_flag_list_cannot_take_extra_args() -> None:
-    compute_profile(spec(vllmVersion="0.22.0"))  # no extraArgs: nothing to check
+    check(spec(vllmVersion="0.22.0"))  # no extraArgs: nothing to check
     with pytest.raises(SpecError) as ei:
-        compute_profile(spec(vllmVersion="0.22.0", decode={"extraArgs": ["--enforce-eager"]}))
+        check(spec(vllmVersion="0.22.0", decode={"extraArgs": ["--enforce-eager"]}))
     assert rules_of(ei.value) == {("spec.decode.extraArgs", "vllm-flag-list-missing")}
-    assert "python -m hpd_operator.vllm_flags.generate --version 0.22.0" in ei.value.message
+    assert "python -m hpd_devcluster.vllm_flags --version 0.22.0" in ei.value.message
 
 
 # --- every spelling of every owned flag, every version -------------------------------------------------------------
@@ -260,7 +265,7 @@ def test_rule_twins_name_the_field(patch: dict[str, Any], field: str, rule: str)
     s = spec(**patch)
     assert (field, rule) in {(v.field, v.rule) for v in check_spec(s)}
     with pytest.raises(SpecError) as ei:
-        compute_profile(s)
+        check(s)
     assert field in ei.value.message
 
 
@@ -292,7 +297,7 @@ def test_pod_template_merge_keeps_the_operators_container_and_labels() -> None:
                  "containers": [{"name": "vllm", "volumeMounts": [{"name": "extra", "mountPath": "/extra"}]}]},
     }})  # fmt: skip
     c_ = parse_cr(doc)
-    objs = build_all(c_, compute_profile(c_.spec))
+    objs = build_all(c_, compute_profile(validate(c_)))
     dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "m-decode")
     pod = dep["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
@@ -318,7 +323,7 @@ def test_a_malformed_pod_template_stored_before_the_schema_is_an_invalid_spec_na
     """An object the apiserver stored under an older, looser CRD reaches the operator as-is: it must become a
     SpecError naming the field (the InvalidSpec condition), never an exception elsewhere."""
     with pytest.raises(SpecError) as ei:
-        compute_profile(parse_cr(cr("m", decode={"podTemplate": pod_template})).spec)
+        validate(parse_cr(cr("m", decode={"podTemplate": pod_template})))
     assert any(v.field.replace("[", ".").replace("]", "").startswith(field) for v in ei.value.violations), (
         ei.value.message
     )

@@ -11,25 +11,23 @@ import pydantic
 import pytest
 
 from hpd_operator.api import constants as c
-from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import (
-    VERSION_RULES,
-    Profile,
-    compute_profile,
-    image_version_warning,
-    version_row,
-)
+from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.validation import validate
+from hpd_operator.versions import VERSION_RULES, image_version_warning, version_row
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
 HMA = "--no-disable-hybrid-kv-cache-manager"
 NO_ASYNC = "--no-async-scheduling"
 
 
+def profile_of(s: HybridPDDeploymentSpec) -> Profile:
+    return compute_profile(validate(HybridPDDeployment(spec=s)))
+
+
 def profile(version: str, **kw: Any) -> Profile:
-    return compute_profile(
-        HybridPDDeploymentSpec.model_validate({"model": {"name": NANO}, "vllmVersion": version, **kw})
-    )
+    return profile_of(HybridPDDeploymentSpec.model_validate({"model": {"name": NANO}, "vllmVersion": version, **kw}))
 
 
 def rule_keys(p: Profile) -> set[str]:
@@ -187,7 +185,7 @@ def test_status_lists_the_rules_that_applied_with_their_upstream_numbers() -> No
 
 
 def test_attention_only_models_get_only_the_rules_that_are_not_hybrid_specific() -> None:
-    p = compute_profile(
+    p = profile_of(
         HybridPDDeploymentSpec.model_validate({"model": {"name": "x/llama", "hybrid": "none"}, "vllmVersion": "0.20.0"})
     )
     assert "ds-conv-state-layout" not in rule_keys(p) and "no-async-scheduling" not in rule_keys(p)
@@ -206,10 +204,9 @@ def test_version_outside_the_table_is_rejected_naming_the_range(version: str) ->
 
 
 @pytest.mark.parametrize("version", ["0.19.0", "0.34", "1.20.0"])
-def test_profile_rejects_a_version_outside_the_table_naming_the_field(version: str) -> None:
-    s = HybridPDDeploymentSpec.model_validate({"model": {"name": NANO}})
+def test_the_table_rejects_a_version_outside_it_naming_the_field(version: str) -> None:
     with pytest.raises(SpecError) as ei:
-        compute_profile(s, version)
+        version_row(version)
     assert ei.value.field == "spec.vllmVersion" and ei.value.rule == "supported-vllm-version"
     assert "0.20 to 0.33" in ei.value.message
 

@@ -1,6 +1,6 @@
 """The generated flag lists and the abbreviation mirror against vLLM's OWN parser (the `vllm_parser` tier).
 
-- drift: `python -m hpd_operator.vllm_flags.generate --version V --check` regenerates the list from the venv's
+- drift: `python -m hpd_devcluster.vllm_flags --version V --check` regenerates the list from the venv's
   parser and fails when the committed <minor>.json differs.
 - truth: ~1500 extraArgs cases (every prefix and spelling of every operator-owned option string, and seeded random
   prefixes, `_` spellings, `=value`, dotted JSON keys, `-O3`, negative numbers, stray values and junk flags) are
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from hpd_devcluster.vllm_flags import main as generate
 from hpd_operator.api import constants as c
 from hpd_operator.vllm_flags import FlagTable, flag_table, resolve
-from hpd_operator.vllm_flags.generate import main as generate
 
 HERE = Path(__file__).resolve().parent
 RESOLVE = HERE / "vllm_resolve.py"
@@ -45,7 +45,7 @@ def test_committed_flag_list_equals_a_regeneration_from_vllms_parser(version: st
     py = parser_python(version)
     assert generate(["--version", version, "--python", str(py), "--check"]) == 0, (
         f"the committed flag list of vLLM {version} is stale: run "
-        f"`python -m hpd_operator.vllm_flags.generate --version {version}`"
+        f"`python -m hpd_devcluster.vllm_flags --version {version}`"
     )
 
 

@@ -23,9 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hpd_operator.api.models import HybridPDDeploymentSpec
+from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile, parse_minor
+from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.validation import validate
+from hpd_operator.versions import parse_version
 
 REPO = Path(__file__).resolve().parents[2]
 PARSE = Path(__file__).with_name("vllm_parse.py")
@@ -68,7 +70,8 @@ Nano's 2 KV heads replicated at TP 4, written for 0.27+ (no spec.blockSize); 0.2
 
 
 def profile_for(version: str, case: str) -> Profile:
-    return compute_profile(HybridPDDeploymentSpec.model_validate(_specs(version)[case]))
+    spec = HybridPDDeploymentSpec.model_validate(_specs(version)[case])
+    return compute_profile(validate(HybridPDDeployment(spec=spec)))
 
 
 def parser_python(version: str) -> Path:
@@ -128,8 +131,9 @@ def test_generated_argv_parses_as_intended(version: str, case: str) -> None:
         assert REFUSED[(case, version)] in {v.rule for v in ei.value.violations}, ei.value.message
         return
     prof = profile_for(version, case)
-    minor = parse_minor(version)
-    assert minor is not None
+    parsed_version = parse_version(version)
+    assert parsed_version is not None
+    minor = parsed_version.minor
     for role in ("prefill", "decode"):
         rp = prof.role(role)  # type: ignore[arg-type]
         args = rp.args

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "operator" / "hpd_operator" / "vllm_flags"))
-import _dump
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "vllm-parser"))
+import dump_flags as _dump
 
 SKIP = {"model_tag", "subparser", "port"}
 

@@ -31,7 +31,11 @@ class RuntimeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._warmup(self.registry)
+        self._pair(self.registry)
+        self._kv_path(self.registry)
+
+    def _warmup(self, r: CollectorRegistry) -> None:
         self.warmup_duration = Gauge(
             "hpd_runtime_warmup_duration_seconds",
             "Seconds from vLLM /health 200 to the end of the warmup (set when it finished or failed).",
@@ -62,6 +66,8 @@ class RuntimeMetrics:
             "Seconds from runtime start to the first ready evaluation (load + warmup).",
             registry=r,
         )
+
+    def _pair(self, r: CollectorRegistry) -> None:
         self.pair_checks = Counter(
             "hpd_runtime_pair_checks",
             "Decode pair checks (P->D output vs local) by result: ok, differs.",
@@ -79,6 +85,8 @@ class RuntimeMetrics:
         self.vllm_healthy = Gauge(
             "hpd_runtime_vllm_healthy", "1 when the last live check of vLLM /health returned 200.", registry=r
         )
+
+    def _kv_path(self, r: CollectorRegistry) -> None:
         self.kv_bytes_per_second = Gauge(
             "hpd_runtime_kv_transfer_bytes_per_second",
             "Decode: the KV transfer rate measured in the last pair check or canary (bytes / NIXL transfer seconds).",

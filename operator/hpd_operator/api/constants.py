@@ -1,6 +1,6 @@
 """API constants: defaults and the deny-lists of flags and env the operator owns.
 
-The deny-lists are the ONE source for both the CRD's CEL rules (crdgen) and the profile's checks (profile.py),
+The deny-lists are the ONE source for both the CRD's CEL rules (crdgen) and the operator's checks (validation.py),
 so a flag is rejected with the same reason by the apiserver and by `render`/the operator.
 """
 
@@ -14,12 +14,12 @@ from hpd_runtime import contract
 
 # --- Defaults -----------------------------------------------------------------------------------------------------
 DEFAULT_VLLM_VERSION: Final = "0.20.0"
-"""The version our H200 runs proved end to end (bench/gpu/README.md); README "vLLM versions" says why."""
+"""The version our H200 runs proved end to end (bench/gpu/README.md); docs/vllm-versions.md says why."""
 VLLM_IMAGE_REPOSITORY: Final = "ghcr.io/hybridpd/vllm-runtime"
 DEFAULT_VLLM_IMAGE: Final = f"{VLLM_IMAGE_REPOSITORY}:{DEFAULT_VLLM_VERSION}"
 """Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
 VLLM_MINORS: Final = range(20, 34)
-"""vLLM 0.<minor> releases the version table covers (profile.VERSION_RULES): 0.20 to 0.33."""
+"""vLLM 0.<minor> releases the version table covers (versions.VERSION_RULES): 0.20 to 0.33."""
 VLLM_RANGE_TEXT: Final = f"0.{VLLM_MINORS[0]} to 0.{VLLM_MINORS[-1]}"
 
 

@@ -66,11 +66,35 @@ _KEY_ORDER = {
 
 
 def _structural(node: Any, *, keep_defaults: bool = True) -> Any:
+    """pydantic's JSON schema -> a structural schema the apiserver accepts (recursively, keys in _KEY_ORDER)."""
     if isinstance(node, list):
         return [_structural(n, keep_defaults=keep_defaults) for n in node]
     if not isinstance(node, dict):
         return node
-    node = dict(node)
+    node = _without_any_of(dict(node))
+    node.pop("title", None)
+    _defaults(node, keep_defaults=keep_defaults)
+    if isinstance(node.get("description"), str):
+        node["description"] = " ".join(node["description"].split())
+    if node.get("x-kubernetes-int-or-string"):
+        node.pop("type", None)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    _bounds(node)
+    _additional_properties(node)
+    out: Schema = {}
+    for k, v in sorted(node.items(), key=lambda kv: _KEY_ORDER.get(kv[0], 50)):
+        if k == "properties":
+            out[k] = {name: _structural(p, keep_defaults=keep_defaults) for name, p in v.items()}
+        elif k in ("items", "additionalProperties"):
+            out[k] = _structural(v, keep_defaults=keep_defaults)
+        else:
+            out[k] = v
+    return out
+
+
+def _without_any_of(node: Schema) -> Schema:
+    """`X | None` becomes X; `int | str` becomes an int-or-string node; any other union is refused."""
     while "anyOf" in node:
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
         types = sorted(b.get("type", "") for b in branches)
@@ -88,38 +112,32 @@ def _structural(node: Any, *, keep_defaults: bool = True) -> Any:
                         node.setdefault(k, b[k])
         else:
             raise ValueError(f"cannot make a structural schema of anyOf {branches}")
-    node.pop("title", None)
+    return node
+
+
+def _defaults(node: Schema, *, keep_defaults: bool) -> None:
     if node.pop("x-hpd-operator-default", False):  # defaulted by the operator's configuration, not the CRD
         node.pop("default", None)
     if node.get("default", 0) is None or not keep_defaults:
         node.pop("default", None)
-    if isinstance(node.get("description"), str):
-        node["description"] = " ".join(node["description"].split())
-    if node.get("x-kubernetes-int-or-string"):
-        node.pop("type", None)
-    if "const" in node:
-        node["enum"] = [node.pop("const")]
-    if "exclusiveMinimum" in node and not isinstance(node["exclusiveMinimum"], bool):
-        node["minimum"] = node.pop("exclusiveMinimum")
-        node["exclusiveMinimum"] = True
-    if "exclusiveMaximum" in node and not isinstance(node["exclusiveMaximum"], bool):
-        node["maximum"] = node.pop("exclusiveMaximum")
-        node["exclusiveMaximum"] = True
+
+
+def _bounds(node: Schema) -> None:
+    """JSON schema's numeric exclusive bounds -> OpenAPI v3's boolean form."""
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if exclusive in node and not isinstance(node[exclusive], bool):
+            node[bound] = node.pop(exclusive)
+            node[exclusive] = True
+
+
+def _additional_properties(node: Schema) -> None:
+    """`false` is the structural default; `true`/`{}` (a free-form map) preserves unknown fields."""
     ap = node.get("additionalProperties")
     if ap is False:
         node.pop("additionalProperties")
     elif ap is True or ap == {}:
         node.pop("additionalProperties")
         node["x-kubernetes-preserve-unknown-fields"] = True
-    out: Schema = {}
-    for k, v in sorted(node.items(), key=lambda kv: _KEY_ORDER.get(kv[0], 50)):
-        if k == "properties":
-            out[k] = {name: _structural(p, keep_defaults=keep_defaults) for name, p in v.items()}
-        elif k in ("items", "additionalProperties"):
-            out[k] = _structural(v, keep_defaults=keep_defaults)
-        else:
-            out[k] = v
-    return out
 
 
 def schema_of(model: type[HybridPDDeploymentSpec] | type[HybridPDDeploymentStatus], *, defaults: bool) -> Schema:
@@ -161,34 +179,37 @@ def build_crd() -> dict[str, Any]:
                 "categories": ["all"],
             },
             "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": contract.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": root},
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.decode.replicas",
-                            "statusReplicasPath": ".status.decode.replicas",
-                            "labelSelectorPath": ".status.decode.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": [
-                        {
-                            "name": "Ready",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-                        },
-                        {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.summary"},
-                        {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary"},
-                        {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                }
-            ],
+            "versions": [_crd_version(root)],
         },
+    }
+
+
+def _crd_version(root: Schema) -> dict[str, Any]:
+    """The one served version: the schema, the status and scale subresources (scale = decode), printer columns."""
+    return {
+        "name": contract.VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": root},
+        "subresources": {
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.decode.replicas",
+                "statusReplicasPath": ".status.decode.replicas",
+                "labelSelectorPath": ".status.decode.selector",
+            },
+        },
+        "additionalPrinterColumns": [
+            {
+                "name": "Ready",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+            },
+            {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.summary"},
+            {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary"},
+            {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
     }
 
 

@@ -521,7 +521,7 @@ class InjectionStatus(_Model):
 
 
 class VersionRuleStatus(_Model):
-    """One version-table rule that applied to spec.vllmVersion (operator/hpd_operator/profile.py VERSION_RULES)."""
+    """One version-table rule that applied to spec.vllmVersion (operator/hpd_operator/versions.py VERSION_RULES)."""
 
     rule: str
     versions: str

@@ -10,7 +10,7 @@ constraints, which already are one definition for both sides (crdgen turns them 
 What CEL cannot do, and the operator therefore checks alone (hpd_operator.validation): resolve an extraArgs
 abbreviation the way vLLM's argparse does (`--tensor-par 2` names --tensor-parallel-size; that needs every
 option string of the vLLM version, far over CEL's cost budget as a regex), know which flags a vLLM version has at
-all, and compare model config numbers (heads, groups) with TP (profile.py). The recorded cases in
+all, and compare model config numbers (heads, groups) with TP (validation.py). The recorded cases in
 tests/crd/cel_cases.py run against the real apiserver AND through these Python twins.
 """
 

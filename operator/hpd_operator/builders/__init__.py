@@ -7,42 +7,15 @@ Owner references are added by the handler (they need the live object's uid), nev
 from __future__ import annotations
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders.common import (
-    Manifest,
-    instance_label,
-    instance_selector,
-    labels,
-    selector_labels,
-    selector_string,
-    short_name,
-)
-from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service, role_name
+from hpd_operator.builders.common import Manifest
+from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
-from hpd_operator.builders.router import (
-    build_router_deployment,
-    build_router_rbac,
-    build_router_service,
-    endpoint_service_name,
-    router_name,
-)
+from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
 from hpd_operator.profile import Profile
 from hpd_runtime import contract
 
-__all__ = [
-    "Manifest",
-    "build_all",
-    "endpoint_service_name",
-    "endpoint_url",
-    "instance_label",
-    "instance_selector",
-    "labels",
-    "role_name",
-    "router_name",
-    "selector_labels",
-    "selector_string",
-    "short_name",
-]
+__all__ = ["Manifest", "build_all"]
 
 
 def build_all(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
@@ -60,7 +33,3 @@ def build_all(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
     out += build_pod_monitors(cr)
     out += build_network_policies(cr)
     return out
-
-
-def endpoint_url(cr_name: str, namespace: str, port: int) -> str:
-    return f"http://{endpoint_service_name(cr_name)}.{namespace}.svc:{port}"

@@ -1,41 +1,13 @@
-"""Names, labels and small helpers shared by the builders (pure)."""
+"""Labels, metadata and small helpers shared by the builders (pure); names and selectors: hpd_operator.api.names."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
+from hpd_operator.api.names import instance_label
 from hpd_runtime import contract
 
-MAX_NAME = 63
-"""DNS-1035 label length: Service names, label values and (for simplicity) every child name."""
-
 Manifest = dict[str, Any]
-
-
-def short_name(base: str, suffix: str = "") -> str:
-    """`<base>-<suffix>` (or `<base>`), truncated with a short hash of the full name when over 63 chars."""
-    full = f"{base}-{suffix}" if suffix else base
-    if len(full) <= MAX_NAME:
-        return full
-    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
-    tail = f"-{digest}-{suffix}" if suffix else f"-{digest}"
-    return base[: MAX_NAME - len(tail)].rstrip("-.") + tail
-
-
-def instance_label(cr_name: str) -> str:
-    """The `app.kubernetes.io/instance` value (a label value is at most 63 chars)."""
-    return short_name(cr_name)
-
-
-def selector_labels(cr_name: str, component: str) -> dict[str, str]:
-    """Selectors use only instance + component (they are immutable on Deployments)."""
-    return {contract.LABEL_INSTANCE: instance_label(cr_name), contract.LABEL_COMPONENT: component}
-
-
-def instance_selector(cr_name: str) -> dict[str, str]:
-    """Every child of one CR that this operator manages (used by prune)."""
-    return {contract.LABEL_INSTANCE: instance_label(cr_name), contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
 
 
 def labels(cr_name: str, component: str) -> dict[str, str]:
@@ -49,11 +21,6 @@ def labels(cr_name: str, component: str) -> dict[str, str]:
     if component in contract.ROLES:
         out[contract.LABEL_ROLE] = component
     return out
-
-
-def selector_string(cr_name: str, component: str) -> str:
-    """`k=v,k=v` (status.<role>.selector for the scale subresource)."""
-    return ",".join(f"{k}={v}" for k, v in selector_labels(cr_name, component).items())
 
 
 def metadata(cr_name: str, namespace: str | None, name: str, component: str) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata, selector_labels, short_name
+from hpd_operator.api.names import role_name, selector_labels
+from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata
 from hpd_operator.profile import Profile, gemm_warmup_seconds
 from hpd_runtime import contract
 
@@ -35,10 +36,6 @@ few GiB; unbounded, a runaway writer could fill the node's memory. Override the 
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "cache"
 MODEL_VOLUME = "model"
-
-
-def role_name(cr_name: str, role: str) -> str:
-    return short_name(cr_name, role)
 
 
 def startup_failure_threshold(warmup_timeout_seconds: int, gemm_warmup_seconds: int = 0) -> int:
@@ -87,89 +84,8 @@ def _exec_probe(period: int, failures: int) -> dict[str, Any]:
 
 
 def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
-    spec, name, ns = cr.spec, cr.metadata.name, cr.metadata.namespace
-    rs, rp = spec.role(role), profile.role(role)
-    prefill_svc = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
-    startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
-    env: list[dict[str, Any]] = [
-        *rp.env_k8s(),
-        {"name": contract.ENV_INSTANCE, "value": name},
-        {"name": contract.ENV_CACHE_DIR, "value": contract.CACHE_MOUNT},
-    ]
-    if role == "decode":
-        env.append({"name": contract.ENV_PREFILL_SERVICE, "value": prefill_svc})
-    src = spec.model.source
-    hf = src.huggingface if src is not None else None
-    if hf is not None and hf.token_secret_ref is not None:
-        ref = hf.token_secret_ref
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-
-    mounts: list[dict[str, Any]] = [
-        {"name": SHM_VOLUME, "mountPath": contract.SHM_MOUNT},
-        {"name": CACHE_VOLUME, "mountPath": contract.CACHE_MOUNT},
-    ]
-    cache: dict[str, Any]
-    if spec.cache.type == "pvc" and spec.cache.claim_name:
-        cache = {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": spec.cache.claim_name}}
-    else:
-        cache = {"name": CACHE_VOLUME, "emptyDir": {}}
-        if spec.cache.size_limit is not None:
-            cache["emptyDir"]["sizeLimit"] = spec.cache.size_limit
-    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}
-    volumes: list[dict[str, Any]] = [shm, cache]
-    if src is not None and src.pvc is not None:
-        volumes.append(
-            {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}}
-        )
-        mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
-
-    container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": spec.image,
-        "command": list(LAUNCH_COMMAND),
-        "args": list(rp.args),
-        "env": env,
-        "ports": [
-            {"name": contract.PORT_NAME_HTTP, "containerPort": contract.VLLM_PORT, "protocol": "TCP"},
-            {"name": contract.PORT_NAME_RUNTIME, "containerPort": contract.RUNTIME_PORT, "protocol": "TCP"},
-            {
-                "name": contract.PORT_NAME_SIDE_CHANNEL,
-                "containerPort": spec.kv_transfer.side_channel_port,
-                "protocol": "TCP",
-            },
-        ],
-        "resources": _resources(rs.resources, rs.tensor_parallel_size),
-        "volumeMounts": mounts,
-        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
-        "readinessProbe": _exec_probe(5, 3),
-        "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    }
-    pod_spec: dict[str, Any] = {
-        # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
-        "automountServiceAccountToken": False,
-        "containers": [container],
-        "volumes": volumes,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        # vLLM drains in-flight requests on SIGTERM; give it time.
-        "terminationGracePeriodSeconds": 60,
-    }
-    if rs.node_selector:
-        pod_spec["nodeSelector"] = dict(rs.node_selector)
-    if rs.tolerations:
-        pod_spec["tolerations"] = [_plain(t) for t in rs.tolerations]
-    if rs.affinity is not None:
-        pod_spec["affinity"] = _plain(rs.affinity)
-    template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": pod_spec}
+    name, ns, rs = cr.metadata.name, cr.metadata.namespace, cr.spec.role(role)
+    template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": _engine_pod_spec(cr, profile, role)}
     if rs.pod_template is not None:
         # Only the fields the PodTemplate model admits can be here (the operator-owned and host-level ones are
         # refused by the schema's CEL and again by validation.py), so the merge cannot replace command/args/probes.
@@ -189,6 +105,101 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
             "template": template,
         },
     }
+
+
+def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
+    rs = cr.spec.role(role)
+    volumes, mounts = _engine_volumes(cr)
+    pod_spec: dict[str, Any] = {
+        # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
+        "automountServiceAccountToken": False,
+        "containers": [_engine_container(cr, profile, role, mounts)],
+        "volumes": volumes,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # vLLM drains in-flight requests on SIGTERM; give it time.
+        "terminationGracePeriodSeconds": 60,
+    }
+    if rs.node_selector:
+        pod_spec["nodeSelector"] = dict(rs.node_selector)
+    if rs.tolerations:
+        pod_spec["tolerations"] = [_plain(t) for t in rs.tolerations]
+    if rs.affinity is not None:
+        pod_spec["affinity"] = _plain(rs.affinity)
+    return pod_spec
+
+
+def _engine_container(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    spec = cr.spec
+    rs, rp = spec.role(role), profile.role(role)
+    startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": list(LAUNCH_COMMAND),
+        "args": list(rp.args),
+        "env": _engine_env(cr, profile, role),
+        "ports": [
+            {"name": contract.PORT_NAME_HTTP, "containerPort": contract.VLLM_PORT, "protocol": "TCP"},
+            {"name": contract.PORT_NAME_RUNTIME, "containerPort": contract.RUNTIME_PORT, "protocol": "TCP"},
+            {
+                "name": contract.PORT_NAME_SIDE_CHANNEL,
+                "containerPort": spec.kv_transfer.side_channel_port,
+                "protocol": "TCP",
+            },
+        ],
+        "resources": _resources(rs.resources, rs.tensor_parallel_size),
+        "volumeMounts": mounts,
+        "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
+        "readinessProbe": _exec_probe(5, 3),
+        "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def _engine_env(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> list[dict[str, Any]]:
+    """The profile's env (every HPD_* entry comes from it), then the Hugging Face token."""
+    env: list[dict[str, Any]] = profile.role(role).env_k8s()
+    src = cr.spec.model.source
+    hf = src.huggingface if src is not None else None
+    if hf is not None and hf.token_secret_ref is not None:
+        ref = hf.token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the vllm container's mounts): /dev/shm, the compile cache, the model's PVC if it comes from one."""
+    spec, src = cr.spec, cr.spec.model.source
+    mounts: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "mountPath": contract.SHM_MOUNT},
+        {"name": CACHE_VOLUME, "mountPath": contract.CACHE_MOUNT},
+    ]
+    cache: dict[str, Any]
+    if spec.cache.type == "pvc" and spec.cache.claim_name:
+        cache = {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": spec.cache.claim_name}}
+    else:
+        cache = {"name": CACHE_VOLUME, "emptyDir": {}}
+        if spec.cache.size_limit is not None:
+            cache["emptyDir"]["sizeLimit"] = spec.cache.size_limit
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}
+    volumes: list[dict[str, Any]] = [shm, cache]
+    if src is not None and src.pvc is not None:
+        volumes.append(
+            {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}}
+        )
+        mounts.append({"name": MODEL_VOLUME, "mountPath": contract.MODEL_MOUNT, "readOnly": True})
+    return volumes, mounts
 
 
 def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifest:

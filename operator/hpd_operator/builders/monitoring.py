@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders.common import Manifest, instance_label, metadata, short_name
+from hpd_operator.api.names import instance_label, short_name
+from hpd_operator.builders.common import Manifest, metadata
 from hpd_runtime import contract
 
 PODMONITOR_API = "monitoring.coreos.com/v1"

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders.common import Manifest, instance_label, metadata, selector_labels, short_name
+from hpd_operator.api.names import instance_label, selector_labels, short_name
+from hpd_operator.builders.common import Manifest, metadata
 from hpd_runtime import contract
 
 NETWORK_POLICY_API = "networking.k8s.io/v1"

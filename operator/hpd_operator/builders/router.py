@@ -5,20 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders.common import Manifest, labels, metadata, selector_labels, short_name
+from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels
+from hpd_operator.builders.common import Manifest, labels, metadata
 from hpd_runtime import contract
 
 CONTAINER_NAME = "router"
 COMMAND = ["vllm-router"]
 RUN_AS_USER = 1000
-
-
-def router_name(cr_name: str) -> str:
-    return short_name(cr_name, contract.COMPONENT_ROUTER)
-
-
-def endpoint_service_name(cr_name: str) -> str:
-    return short_name(cr_name)
 
 
 def _selector_args(cr_name: str, role: str) -> list[str]:

@@ -5,7 +5,7 @@ argv (`_` -> `-` in names, `-O3` -> `--optimization-level 3`, `--json-arg.key va
 and then lets argparse match options, which accepts ANY unique prefix of a long option (`allow_abbrev=True`):
 `--tensor-parallel 2`, `--enable-prefix`, `--no-async`, `--kv-transfer-conf.kv_role x`. A deny-list of exact
 spellings (the CRD's CEL rule) cannot see those; this module can, because it knows every option string of the
-version (`<minor>.json`, GENERATED from the real parser by `python -m hpd_operator.vllm_flags.generate`).
+version (`<minor>.json`, GENERATED from the real parser by `python -m hpd_devcluster.vllm_flags`, dev only).
 
     table = flag_table("0.20.0")                  # None when no list was generated for that version
     items = resolve(table, ["--tensor_par=2", "--enforce-eager"])
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any, Final, Literal
+
+from hpd_operator.versions import parse_version
 
 SCHEMA_VERSION: Final = 1
 ZERO, ONE, OPTIONAL, ANY, AT_LEAST_ONE, REST = 0, 1, "?", "*", "+", "..."
@@ -83,14 +85,20 @@ class Item:
 # Loading the generated lists
 # ---------------------------------------------------------------------------------------------------------------
 def minor_of(version: str) -> str:
-    m = re.match(r"^(\d+)\.(\d+)", version.strip())
-    return f"{m.group(1)}.{m.group(2)}" if m else version
+    """`0.20.0` -> `0.20`, the name of its list (`version` itself when it is no version)."""
+    v = parse_version(version, prefix=True)
+    return v.series if v is not None else version
 
 
 def available_versions() -> tuple[str, ...]:
     """The minor versions with a generated list, e.g. ('0.20',)."""
     names = [p.name for p in resources.files(__name__).iterdir() if p.name.endswith(".json")]
-    return tuple(sorted((n.removesuffix(".json") for n in names), key=lambda v: tuple(map(int, v.split(".")))))
+    return tuple(sorted((n.removesuffix(".json") for n in names), key=_order))
+
+
+def _order(series: str) -> tuple[int, int]:
+    v = parse_version(series)
+    return (v.major, v.minor) if v is not None else (-1, -1)
 
 
 @cache

@@ -1,11 +1,13 @@
 """Runs INSIDE a vLLM parser venv (hack/vllm-parser-env.sh): prints every option string of `vllm serve` as JSON.
 
-    <venv>/bin/python operator/hpd_operator/vllm_flags/_dump.py OUT.json     (vLLM logs to stdout, hence a file)
+    <venv>/bin/python hack/vllm-parser/dump_flags.py OUT.json     (vLLM logs to stdout, hence a file)
 
+`python -m hpd_devcluster.vllm_flags` runs it and writes the operator's list from its output.
 Builds the parser the way `vllm` itself does (vllm/entrypoints/cli/main.py: a FlexibleArgumentParser with
 subparsers, then ServeSubcommand.subparser_init) with the CPU platform forced (no GPU needed,
 shared/reference/vllm-argparse-on-cpu.md), and records for each option string its action's dest and nargs.
-Stdlib + vLLM only: it must not import hpd_operator (a different interpreter runs it).
+Stdlib + vLLM only: it must not import hpd_operator (a different interpreter runs it); its folder holds nothing
+else, so nothing in it shadows a module vLLM imports.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Generate the `vllm serve` flag list of one vLLM version FROM vLLM's OWN PARSER, in its parser venv.
+"""Generate the `vllm serve` flag list of one vLLM version FROM vLLM's OWN PARSER, in its parser venv (dev only:
+the operator's wheel carries the lists, operator/hpd_operator/vllm_flags/<minor>.json, not this generator).
 
-    python -m hpd_operator.vllm_flags.generate --version 0.20.0            # writes vllm_flags/0.20.json
-    python -m hpd_operator.vllm_flags.generate --version 0.20.0 --check    # exit 1 when the committed list differs
-    python -m hpd_operator.vllm_flags.generate --version 0.33.0 --python /path/to/venv/bin/python
+    python -m hpd_devcluster.vllm_flags --version 0.20.0            # writes operator/hpd_operator/vllm_flags/0.20.json
+    python -m hpd_devcluster.vllm_flags --version 0.20.0 --check    # exit 1 when the committed list differs
+    python -m hpd_devcluster.vllm_flags --version 0.33.0 --python /path/to/venv/bin/python
 
 The venv is the one hack/vllm-parser-env.sh makes (${HPD_VLLM_PARSER_CACHE:-~/.cache/hybrid-pd}/vllm-parser-<v>);
-`_dump.py` runs inside it and builds the parser exactly as `vllm serve` does. Any version's venv works: the list
-is named after the minor version (`0.33.0` -> 0.33.json), which is what spec.vllmVersion selects.
+hack/vllm-parser/dump_flags.py runs inside it and builds the parser exactly as `vllm serve` does. Any version's
+venv works: the list is named after the minor version (`0.33.0` -> 0.33.json), which is what spec.vllmVersion
+selects.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from pathlib import Path
 
 from hpd_operator.vllm_flags import minor_of
 
-HERE = Path(__file__).resolve().parent
-DUMP = HERE / "_dump.py"
+REPO = Path(__file__).resolve().parents[2]
+LISTS = REPO / "operator" / "hpd_operator" / "vllm_flags"
+DUMP = REPO / "hack" / "vllm-parser" / "dump_flags.py"
+COMMAND = "python -m hpd_devcluster.vllm_flags"
 
 
 def venv_python(version: str) -> Path:
@@ -35,7 +39,7 @@ def venv_python(version: str) -> Path:
 
 
 def output_path(version: str) -> Path:
-    return HERE / f"{minor_of(version)}.json"
+    return LISTS / f"{minor_of(version)}.json"
 
 
 def render(python: Path) -> str:
@@ -50,12 +54,12 @@ def render(python: Path) -> str:
         if proc.returncode != 0:
             raise RuntimeError(f"{DUMP.name} failed in {python} (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         data = json.loads(out.read_text())
-    header = {"_generated": f"by `python -m hpd_operator.vllm_flags.generate --version {data['vllm']}`; do not edit"}
+    header = {"_generated": f"by `{COMMAND} --version {data['vllm']}`; do not edit"}
     return json.dumps({**header, **data}, indent=1) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hpd_operator.vllm_flags.generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     p.add_argument("--version", required=True, help="vLLM version of the parser venv, e.g. 0.20.0")
     p.add_argument("--python", type=Path, help="the venv's python (default: the hack/vllm-parser-env.sh location)")
     p.add_argument("--check", action="store_true", help="exit 1 when the committed list differs from a regeneration")
@@ -70,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if ns.check:
         if not target.exists() or target.read_text() != text:
-            print(f"{target} is stale: run `python -m hpd_operator.vllm_flags.generate --version {ns.version}`",
-                  file=sys.stderr)  # fmt: skip
+            print(f"{target} is stale: run `{COMMAND} --version {ns.version}`", file=sys.stderr)
             return 1
         print(f"{target} is up to date")
         return 0
