@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
+from hpd_operator.api import constants as c
 from hpd_operator.api.models import InjectionStatus, ProfileStatus, VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import role_name
 from hpd_operator.validation import Validated
@@ -73,6 +74,10 @@ class RoleProfile(_Frozen):
     args: tuple[str, ...]
     """`vllm serve` arguments, without the leading `vllm serve`."""
     injections: tuple[Injection, ...]
+    devices: tuple[tuple[str, int], ...] = ()
+    """Extended resources the fabric needs per pod (limits = requests), e.g. (("rdma/ib", 1),)."""
+    capabilities: tuple[str, ...] = ()
+    """Linux capabilities the fabric adds to the vLLM container (everything else stays dropped)."""
 
     def env_k8s(self) -> list[dict[str, object]]:
         return [e.to_k8s() for e in self.env]
@@ -136,6 +141,10 @@ class _Settings:
         self._explain(flag, value or "", why)
         return [flag] if value is None else [flag, value]
 
+    def pod(self, setting: str, value: str, why: str) -> None:
+        """A pod-spec setting the builders write from the role profile (a device, a capability): its reason."""
+        self._explain(setting, value, why)
+
     def _explain(self, setting: str, value: str, why: str | None) -> None:
         if why is not None:
             self.injections.append(Injection(setting=setting, value=value, reason=why))
@@ -151,8 +160,10 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     args = _core_args(s, valid, role) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
     args += _pair_check_args(s, valid, role) + _user_args(valid, role)
     chunk = _chunk_env(s, valid)
-    env = side_channel + layout + _ucx_env(valid) + _runtime_env(valid, role) + chunk + _warmup_env(valid, role)
-    env += gemm + _user_env(valid) + _pod_env(valid, role)
+    fabric = _fabric_env(s, valid, role)
+    devices, caps = _fabric_pod(s, valid)
+    env = side_channel + layout + _ucx_env(valid) + fabric + _runtime_env(valid, role) + chunk
+    env += _warmup_env(valid, role) + gemm + _user_env(valid) + _pod_env(valid, role)
     return RoleProfile(
         role=role,
         tensor_parallel_size=rs.tensor_parallel_size,
@@ -160,6 +171,8 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
         env=tuple(env),
         args=tuple(args),
         injections=tuple(s.injections),
+        devices=devices,
+        capabilities=caps,
     )
 
 
@@ -191,6 +204,42 @@ def _ucx_env(valid: Validated) -> list[EnvEntry]:
     if ucx is None:
         return []
     return [EnvEntry(name=n, value=v) for n, v in (("UCX_TLS", ucx.tls), ("UCX_NET_DEVICES", ucx.net_devices)) if v]
+
+
+def _fabric_env(s: _Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    """The KV path: UCX's GET zero-copy over CUDA IPC, and what decode's runtime reports the measured rate against."""
+    kv = valid.spec.kv_transfer
+    env = [EnvEntry(name=contract.ENV_KV_FABRIC, value=kv.fabric)]
+    if not any(e.name == c.UCX_GET_ZCOPY_ENV for e in valid.spec.env):  # spec.env may say otherwise
+        why = (
+            "decode READs the KV; UCX offers CUDA IPC no GET zero-copy without NVLink that NVML reports and emulated "
+            "the reads over TCP (0.5 GB/s on an H200; with this, 21.8 GB/s: docs/kv-path.md); used where P and D "
+            "share a host and PID namespace, harmless elsewhere"
+        )
+        env.insert(0, s.env(c.UCX_GET_ZCOPY_ENV, "y", why))
+    floor = kv.floor_gbps if kv.floor_gbps is not None else c.FABRIC_FLOOR_GBPS[kv.fabric]
+    if role == "decode" and floor > 0:
+        env.append(EnvEntry(name=contract.ENV_KV_FLOOR_BYTES_PER_SECOND, value=str(round(floor * 1e9))))
+    return env
+
+
+def _fabric_pod(s: _Settings, valid: Validated) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """Devices and capabilities of the declared fabric (rdma: the device plugin's resource, IPC_LOCK)."""
+    rdma = valid.spec.kv_transfer.rdma
+    if valid.spec.kv_transfer.fabric != "rdma" or rdma is None:
+        return (), ()
+    s.pod(
+        f"resources.limits[{rdma.resource_name}]",
+        str(rdma.count),
+        "spec.kvTransfer.fabric rdma: the NICs KV moves over",
+    )
+    s.pod(
+        "securityContext.capabilities.add",
+        c.RDMA_CAPABILITY,
+        "UCX pins GPU and host memory for the NIC; with it the pod is outside Pod Security baseline and restricted "
+        "(the namespace must allow privileged pods)",
+    )
+    return ((rdma.resource_name, rdma.count),), (c.RDMA_CAPABILITY,)
 
 
 def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
@@ -229,6 +278,11 @@ def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
         EnvEntry(name=contract.ENV_WARMUP_CONCURRENCY, value=str(w.concurrency)),
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
         EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_check and role == "decode").lower()),
+        *(
+            [EnvEntry(name=contract.ENV_CANARY_SECONDS, value=str(w.canary_seconds if w.pair_check else 0))]
+            if role == "decode"
+            else []
+        ),
     ]
 
 

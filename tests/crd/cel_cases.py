@@ -39,6 +39,22 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         {"model": M, "env": [{"name": f"E{i}", "value": "x" * 24_000} for i in range(64)]},
         "spec.env values may total at most 256 KiB",
     ),
+    ("rdma-fabric-needs-devices", {"model": M, "kvTransfer": {"fabric": "rdma"}}, "kvTransfer.rdma (the RDMA"),
+    (
+        "rdma-devices-need-rdma-fabric",
+        {"model": M, "kvTransfer": {"rdma": {"resourceName": "rdma/ib"}}},
+        "kvTransfer.rdma is set but kvTransfer.fabric is not rdma",
+    ),
+    (
+        "ucx-tls-active-messages",
+        {"model": M, "kvTransfer": {"ucx": {"tls": "cuda_copy,cuda_ipc"}}},
+        "needs a transport UCX can send active messages on",
+    ),
+    (
+        "ucx-tls-rdma-transport",
+        {"model": M, "kvTransfer": {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib"}, "ucx": {"tls": "tcp,cuda_copy"}}},
+        "leaves out every InfiniBand/RoCE transport",
+    ),
     ("cache-pvc-needs-claim", {"model": M, "cache": {"type": "pvc"}}, "cache.claimName is required"),
     (
         "one-model-source",

@@ -209,8 +209,9 @@ def test_word_tokenizer_files_and_encoding(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("variant", "want"),
     [
-        ("env+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y"),
-        ("env-UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "removed nothing (UCX_CUDA_IPC_ENABLE_GET_ZCOPY was not set)"),
+        ("env+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n (was 'y')"),
+        ("env-UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "removed UCX_CUDA_IPC_ENABLE_GET_ZCOPY"),  # the profile renders it
+        ("env-HPD_NOT_RENDERED", "removed nothing (HPD_NOT_RENDERED was not set)"),
         ("env-VLLM_SSM_CONV_STATE_LAYOUT", "removed VLLM_SSM_CONV_STATE_LAYOUT"),
         ("env+VLLM_SSM_CONV_STATE_LAYOUT=SD", "VLLM_SSM_CONV_STATE_LAYOUT=SD (was 'DS')"),
     ],

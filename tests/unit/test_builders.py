@@ -304,3 +304,21 @@ def test_network_policies_admit_only_router_peers_and_prometheus() -> None:
 
     doc["spec"]["networkPolicy"] = {"enabled": False}
     assert not [o for o in build(doc) if o["kind"] == "NetworkPolicy"]
+
+
+def test_the_rdma_fabric_gives_each_engine_its_devices_ipc_lock_and_decode_its_floor() -> None:
+    doc = seed_doc()
+    doc["spec"]["kvTransfer"] = {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib", "count": 2}}
+    for role in ("prefill", "decode"):
+        ct = container(by(build(doc), "Deployment", f"nemotron-3-nano-{role}"))
+        assert ct["resources"]["limits"]["rdma/ib"] == 2
+        assert ct["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+        e = env(ct)
+        assert e["HPD_KV_FABRIC"] == "rdma" and e["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
+        assert ("HPD_KV_FLOOR_BYTES_PER_SECOND" in e) == (role == "decode")
+    assert env(container(by(build(doc), "Deployment", "nemotron-3-nano-decode")))["HPD_KV_FLOOR_BYTES_PER_SECOND"] == (
+        "5000000000"
+    )
+    tcp = container(by(build(seed_doc()), "Deployment", "nemotron-3-nano-decode"))
+    assert "rdma/ib" not in tcp["resources"]["limits"] and "add" not in tcp["securityContext"]["capabilities"]
+    assert "HPD_KV_FLOOR_BYTES_PER_SECOND" not in env(tcp) and env(tcp)["HPD_CANARY_SECONDS"] == "300"

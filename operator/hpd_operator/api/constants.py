@@ -41,6 +41,16 @@ DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
 DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
 DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = contract.WARMUP_TIMEOUT_SECONDS_DEFAULT
 DEFAULT_WARMUP_CONCURRENCY: Final = contract.WARMUP_CONCURRENCY_DEFAULT
+DEFAULT_CANARY_SECONDS: Final = int(contract.CANARY_SECONDS_DEFAULT)
+
+# --- The KV fabric --------------------------------------------------------------------------------------------------
+FABRIC_FLOOR_GBPS: Final = MappingProxyType({"tcp": 0.0, "rdma": 5.0})
+"""The KV rate below which decode reports its path as slow, per declared fabric, unless spec.kvTransfer.floorGBps
+says otherwise. RDMA: a 100 Gb/s NIC moves ~11 GB/s, 400 Gb/s ~45-50 GB/s; UCX emulating reads over TCP moved 0.4-0.5
+GB/s on an H200 (docs/kv-path.md). TCP: no floor (a pod network's speed varies too much to name one)."""
+RDMA_CAPABILITY: Final = "IPC_LOCK"
+"""UCX registers (pins) GPU and host memory with the NIC: above the default memlock limit without it."""
+UCX_GET_ZCOPY_ENV: Final = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
 
 # --- Size bounds (they also keep the CEL rules under the apiserver's cost budget) -----------------------------------
 MAX_EXTRA_ARGS: Final = 64

@@ -321,8 +321,31 @@ class UcxSpec(_Model):
     """UCX_NET_DEVICES, e.g. `mlx5_0:1,mlx5_1:1`."""
 
 
+class RdmaSpec(_Model):
+    resource_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    )
+    """The RDMA device plugin's extended resource, e.g. `rdma/ib` (k8s-rdma-shared-dev-plugin), `nvidia.com/hostdev`
+    (NVIDIA Network Operator, SR-IOV), `rdma/hca_shared_devices_a`."""
+    count: int = Field(default=1, ge=1, le=16)
+    """Devices per engine pod (one per GPU for rail-optimized nodes)."""
+
+
 class KvTransferSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("kvTransfer")})
+    fabric: Literal["tcp", "rdma"] = "tcp"
+    """How prefill and decode pods reach each other for KV. `tcp`: any cluster; UCX over the pod network (a hybrid
+    model moves its Mamba state, ~100 MB per request at 8B, on every request: P/D pays that at the network's rate).
+    `rdma`: GPUDirect RDMA through NICs the pods get from a device plugin (spec.kvTransfer.rdma): each engine pod
+    gets the devices and the IPC_LOCK capability, so it no longer meets Pod Security baseline or restricted (the
+    namespace must allow privileged pods). Decode measures the rate at Ready (status: DataPathVerified)."""
+    rdma: RdmaSpec | None = None
+    """The RDMA devices (required with fabric rdma)."""
+    floor_gbps: float | None = Field(default=None, ge=0, le=10_000, alias="floorGBps")
+    """Below this KV rate (GB/s) decode reports the path as slow (a Warning, not Ready=False); default: 5 for rdma
+    (UCX fell back to TCP), none for tcp."""
     side_channel_port: int = Field(default=contract.SIDE_CHANNEL_PORT_DEFAULT, ge=1024, le=65535)
     """NIXL side-channel (ZMQ) base port, VLLM_NIXL_SIDE_CHANNEL_PORT."""
     ucx: UcxSpec | None = None
@@ -356,6 +379,10 @@ class WarmupSpec(_Model):
     pair_check: bool = True
     """Decode waits for one real prefill->decode round trip before it reports Ready."""
     timeout_seconds: int = Field(default=c.DEFAULT_WARMUP_TIMEOUT_SECONDS, ge=1, le=86_400)
+    canary_seconds: int = Field(default=c.DEFAULT_CANARY_SECONDS, ge=0, le=86_400)
+    """After Ready, each decode pod re-proves P->D with every Ready prefill on this period (two prompts,
+    logprob-checked, transfer proven, straight to the peers, never through the router); a failure turns that decode
+    not Ready with the reason, as at start. 0 = off. Needs pairCheck."""
     every_length: bool = True
     """Before Ready, also run each distinct linear layer (GEMM) of the loaded model once at every row count up to
     vLLM's max_num_batched_tokens (hpd_runtime.gemm_warmup, inside vLLM's startup), so the first request of a prompt

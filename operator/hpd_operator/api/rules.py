@@ -121,6 +121,15 @@ def _prompt_too_long(spec: Any) -> Iterator[str]:
 
 _OWNED_ENV_LIST = "[" + ", ".join(f"'{n}'" for n in sorted(c.OWNED_ENV)) + "]"
 _ENGINE_PORTS = (contract.VLLM_PORT, contract.RUNTIME_PORT)
+UCX_AM_TLS: Final = r"(^|,)(all|tcp|sm|shm|posix|sysv|ib|rc[a-z_0-9]*|ud[a-z_0-9]*|dc[a-z_0-9]*)(,|$)"
+"""A UCX_TLS list that names a transport with active messages (RE2, CEL `matches`; `^...` excludes instead)."""
+UCX_IB_TLS: Final = r"(^|,)(all|ib|rc[a-z_0-9]*|ud[a-z_0-9]*|dc[a-z_0-9]*)(,|$)"
+
+
+def _tls_lacks(kv: Any, pattern: str) -> bool:
+    tls: str | None = kv.ucx.tls if kv.ucx is not None else None
+    return tls is not None and tls != "" and not tls.startswith("^") and re.search(pattern, tls) is None
+
 
 # Pod template fields that would escape the pod's sandbox or take over what the operator owns: declared in the
 # schema only so that CEL can reject them by name (an undeclared field would be pruned silently).
@@ -299,6 +308,42 @@ RULES: Final[tuple[Rule, ...]] = (
         "(the runtime's probes and metrics): the engine pod already listens there",
         field=".sideChannelPort",
         check=_when(lambda k: k.side_channel_port in _ENGINE_PORTS, ".sideChannelPort"),
+    ),
+    Rule(
+        id="rdma-fabric-needs-devices",
+        scope="kvTransfer",
+        cel="!(has(self.fabric) && self.fabric == 'rdma') || has(self.rdma)",
+        message="kvTransfer.rdma (the RDMA device plugin's resourceName) is required with kvTransfer.fabric rdma",
+        field=".rdma",
+        check=_when(lambda k: k.fabric == "rdma" and k.rdma is None, ".rdma"),
+    ),
+    Rule(
+        id="rdma-devices-need-rdma-fabric",
+        scope="kvTransfer",
+        cel="!has(self.rdma) || (has(self.fabric) && self.fabric == 'rdma')",
+        message="kvTransfer.rdma is set but kvTransfer.fabric is not rdma: set fabric: rdma, or remove rdma",
+        field=".fabric",
+        check=_when(lambda k: k.rdma is not None and k.fabric != "rdma", ".fabric"),
+    ),
+    Rule(
+        id="ucx-tls-active-messages",
+        scope="kvTransfer",
+        cel=f"!has(self.ucx) || !has(self.ucx.tls) || self.ucx.tls.startsWith('^') "
+        f"|| self.ucx.tls.matches('{UCX_AM_TLS}')",
+        message="kvTransfer.ucx.tls needs a transport UCX can send active messages on (tcp, sm, or an InfiniBand "
+        "transport rc/ud/dc): with only cuda_copy/cuda_ipc NIXL's UCX agent does not start",
+        field=".ucx.tls",
+        check=_when(lambda k: _tls_lacks(k, UCX_AM_TLS), ".ucx.tls"),
+    ),
+    Rule(
+        id="ucx-tls-rdma-transport",
+        scope="kvTransfer",
+        cel=f"!(has(self.fabric) && self.fabric == 'rdma') || !has(self.ucx) || !has(self.ucx.tls) "
+        f"|| self.ucx.tls.startsWith('^') || self.ucx.tls.matches('{UCX_IB_TLS}')",
+        message="kvTransfer.ucx.tls leaves out every InfiniBand/RoCE transport (rc, ud, dc, ib) while kvTransfer.fabric "
+        "is rdma: KV would move over TCP",
+        field=".ucx.tls",
+        check=_when(lambda k: k.fabric == "rdma" and _tls_lacks(k, UCX_IB_TLS), ".ucx.tls"),
     ),
     Rule(
         id="cache-pvc-needs-claim",

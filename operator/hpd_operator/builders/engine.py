@@ -44,10 +44,14 @@ def startup_failure_threshold(warmup_timeout_seconds: int, gemm_warmup_seconds: 
     return math.ceil(total / STARTUP_PERIOD_SECONDS)
 
 
-def _resources(res: ResourceRequirements | None, tp: int) -> dict[str, Any]:
+def _resources(res: ResourceRequirements | None, tp: int, devices: tuple[tuple[str, int], ...] = ()) -> dict[str, Any]:
+    """The user's resources, the GPUs for TP and the fabric's devices (extended resources: limits only, which the
+    apiserver copies into requests)."""
     limits: dict[str, Any] = dict(res.limits or {}) if res else {}
     requests: dict[str, Any] = dict(res.requests or {}) if res else {}
     limits.setdefault(GPU_RESOURCE, tp)
+    for name, count in devices:
+        limits.setdefault(name, count)
     if GPU_RESOURCE in requests:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE]
     for k, v in DEFAULT_REQUESTS.items():
@@ -155,14 +159,14 @@ def _engine_container(
                 "protocol": "TCP",
             },
         ],
-        "resources": _resources(rs.resources, rs.tensor_parallel_size),
+        "resources": _resources(rs.resources, rs.tensor_parallel_size, rp.devices),
         "volumeMounts": mounts,
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
         "securityContext": {
             "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
+            "capabilities": {"drop": ["ALL"], **({"add": list(rp.capabilities)} if rp.capabilities else {})},
         },
     }
 
