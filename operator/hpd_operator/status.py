@@ -1,9 +1,14 @@
-"""Pure: what we observe (the role Deployments) -> the CR's status (conditions, counts, endpoint, profile).
+"""Pure: what we observe (the role Deployments) -> the CR's status (conditions, counts, endpoint, profile, rollout).
 
 What Ready means: the endpoint can serve a request now. Every role has >= 1 desired replica, every desired replica
 of every role is updated and Ready (engine pods only turn Ready after the runtime's warmup), and the Deployments
 have caught up with their spec. A role scaled to 0 is reported `<Role>Ready=True, reason=ScaledToZero`, but the
 CR is then `Ready=False, reason=ScaledToZero`: nothing can answer on the endpoint.
+
+Generations (hpd_operator.generations, docs/rollouts.md): the engine conditions, counts and Ready describe the
+generation the router routes to (what serves); while another generation comes up, each role condition also says
+how far it is and why its pods are not Ready, Progressing says where the rollout stands (Degraded carries the new
+generation's scheduling or rollout problems), and status.rollout lists every generation.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from hpd_operator.conditions import (
     Reason,
 )
 from hpd_operator.errors import SpecError
+from hpd_operator.generations import LiveGeneration, Plan, RolloutView
 from hpd_operator.profile import Profile
 from hpd_runtime import contract
 
@@ -218,6 +224,7 @@ def compute_status(
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
     role_details: Mapping[str, str] | None = None,
+    rollout: RolloutView | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -228,15 +235,23 @@ def compute_status(
     (e.g. a PodMonitor skipped). `previous` conditions and `now` keep lastTransitionTime stable across unchanged
     statuses (the caller owns the clock). `role_details` maps a role to why its pods are not Ready (their probe
     output, hpd_operator.podevents); it is appended to that role's condition message while the role is not Ready.
+    `rollout`: the CR's generations (then the engines' Deployments and pods, and their probe reasons, come from
+    it: the generation the router routes to is what `observed`, `pods` and `role_details` stand for).
     """
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
+    gens = _Generations.of(spec, rollout, nodes, now) if rollout is not None else None
     states = _states(spec, observed, pods or {}, nodes, now)
-    details = role_details or {}
+    details = dict(role_details or {})
+    if gens is not None:
+        states.update(gens.serving)
+        details.update(gens.serving_details)
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
     conds.append(_profile_condition(profile, failure))
     conds += _progress_conditions(states, failure)
+    if gens is not None:
+        gens.annotate(conds, failure)
     ready, phase = _ready_condition(states, failure)
     if notes:
         ready["message"] += "; " + "; ".join(notes)
@@ -247,20 +262,259 @@ def compute_status(
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
-        s = states[comp]
-        out[comp] = {
-            "replicas": s.replicas,
-            "readyReplicas": s.ready,
-            "updatedReplicas": s.updated,
-            "summary": f"{s.ready}/{s.desired}",
-            "selector": selector_string(name, comp),
-        }
+        out[comp] = _component_status(name, comp, states[comp], gens)
+    return _rest(out, name=name, namespace=namespace, spec=spec, profile=profile, gens=gens)
+
+
+def _rest(
+    out: dict[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    spec: HybridPDDeploymentSpec | None,
+    profile: Profile | None,
+    gens: _Generations | None,
+) -> dict[str, Any]:
+    """The endpoint, the profile and the rollout."""
     port = spec.router.service.port if spec is not None else None
     if port is not None:
         out["endpoint"] = endpoint_url(name, namespace, port)
     if profile is not None:
         out["profile"] = profile.status()
+    if gens is not None:
+        out["rollout"] = gens.status()
     return out
+
+
+def _component_status(name: str, comp: str, s: RoleState, gens: _Generations | None) -> dict[str, Any]:
+    """Counts of what serves; with generations, `replicas` counts the role's pods of every generation and
+    `updatedReplicas` those of the spec's generation (as a Deployment's status does during a rolling update)."""
+    replicas, updated = s.replicas, s.updated
+    if gens is not None and comp in contract.ROLES:
+        replicas = sum(states[comp].replicas for states in gens.all.values())
+        target = gens.all.get(gens.plan.desired.hash)
+        updated = target[comp].updated if target is not None else 0
+    return {
+        "replicas": replicas,
+        "readyReplicas": s.ready,
+        "updatedReplicas": updated,
+        "summary": f"{s.ready}/{s.desired}",
+        "selector": selector_string(name, comp),
+    }
+
+
+# --- generations -----------------------------------------------------------------------------------------------------
+def generation_desired(
+    spec: HybridPDDeploymentSpec | None, g: LiveGeneration | None, desired_hash: str
+) -> dict[str, int]:
+    """Desired replicas per role of a generation: the spec's for the generation it asks for, the generation's own
+    Deployments' for any other (it is left as it was built)."""
+    if spec is not None and (g is None or g.hash == desired_hash):
+        return {r: spec.role(r).replicas for r in contract.ROLES}
+    return {r: g.replicas(r) if g is not None else 0 for r in contract.ROLES}
+
+
+def generation_states(
+    g: LiveGeneration | None, desired: Mapping[str, int], nodes: Collection[str] | None, now: str | None
+) -> dict[str, RoleState]:
+    return {
+        r: role_state(desired[r], g.deployments.get(r) if g else None, g.pods[r] if g else [], nodes, now)
+        for r in contract.ROLES
+    }
+
+
+def generation_ready(
+    g: LiveGeneration, desired: Mapping[str, int], nodes: Collection[str] | None = None, now: str | None = None
+) -> bool:
+    """Every desired replica of both roles Ready (a decode pod is Ready only after its pair check against its own
+    generation's prefill pods): the generation may take traffic."""
+    return all(s.ready_all for s in generation_states(g, desired, nodes, now).values())
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _gpus(spec: HybridPDDeploymentSpec | None) -> int:
+    """GPUs one generation asks for (the role's GPU limit, else its TP size, times its replicas)."""
+    if spec is None:
+        return 0
+    total = 0
+    for r in contract.ROLES:
+        rs = spec.role(r)
+        limit = (rs.resources.limits or {}).get(GPU_RESOURCE) if rs.resources is not None else None
+        total += rs.replicas * (
+            int(limit) if isinstance(limit, int | str) and str(limit).isdigit() else rs.tensor_parallel_size
+        )
+    return total
+
+
+@dataclass(frozen=True)
+class _Generations:
+    """The role states of every generation and where the rollout stands (see the module doc)."""
+
+    spec: HybridPDDeploymentSpec | None
+    view: RolloutView
+    all: dict[str, dict[str, RoleState]]
+    """Generation hash -> role -> state: every live generation, and the planned ones even before they exist."""
+
+    @classmethod
+    def of(
+        cls, spec: HybridPDDeploymentSpec | None, view: RolloutView, nodes: Collection[str] | None, now: str | None
+    ) -> _Generations:
+        want = view.plan.desired.hash
+        states = {h: generation_states(g, generation_desired(spec, g, want), nodes, now)
+                  for h, g in view.live.generations.items()}  # fmt: skip
+        for gen in (view.plan.desired, view.plan.route):
+            if gen.hash not in states:
+                states[gen.hash] = generation_states(None, generation_desired(spec, None, want), nodes, now)
+        return cls(spec, view, states)
+
+    @property
+    def plan(self) -> Plan:
+        return self.view.plan
+
+    @property
+    def serving(self) -> dict[str, RoleState]:
+        return self.all[self.plan.route.hash]
+
+    @property
+    def serving_details(self) -> dict[str, str]:
+        return {r: d for r in contract.ROLES if (d := self.view.details.get((self.plan.route.hash, r)))}
+
+    @property
+    def draining(self) -> list[str]:
+        return sorted(set(self.view.live.generations) - {self.plan.desired.hash, self.plan.route.hash})
+
+    def number(self, h: str) -> int:
+        for gen in (self.plan.desired, self.plan.route):
+            if gen.hash == h:
+                return gen.number
+        g = self.view.live.generations.get(h)
+        return g.number or 0 if g is not None else 0
+
+    def name(self, h: str) -> str:
+        return f"generation {self.number(h)} ({h})"
+
+    def target_problems(self) -> list[tuple[Reason, str]]:
+        if not self.plan.rolling:
+            return []
+        t, name = self.all[self.plan.desired.hash], self.name(self.plan.desired.hash)
+        return [(r, f"{name} {role}: {m}") for role in contract.ROLES for r, m in t[role].problems]
+
+    @property
+    def state(self) -> str:
+        if not self.plan.rolling:
+            others = set(self.view.live.generations) - {self.plan.desired.hash}
+            return "Switching" if others else "Complete"
+        return "Blocked" if self.target_problems() else "Starting"
+
+    def target_note(self, role: str) -> str:
+        """What the role condition says about the generation coming up."""
+        h = self.plan.desired.hash
+        t = self.all[h][role]
+        note = f"{self.name(h)} (not serving yet): {t.ready}/{t.desired} {role} replicas ready"
+        if t.problems:
+            note += f"; {_problem_text(t.problems)}"
+        detail = self.view.details.get((h, role))
+        if detail and not t.ready_all:
+            note += f"; {detail}"
+        return note
+
+    def _progress(self, h: str) -> str:
+        t = self.all[h]
+        return ", ".join(f"{r} {t[r].ready}/{t[r].desired}" for r in contract.ROLES) + " Ready"
+
+    def message(self) -> str:
+        plan, state = self.plan, self.state
+        target, serving = self.name(plan.desired.hash), self.name(plan.route.hash)
+        if state == "Complete":
+            return f"{serving} serves"
+        if state == "Switching":
+            old = ", ".join(self.name(h) for h in self.draining)
+            return (f"traffic moved to {serving}; {old} drains: the router pods that still select it finish their "
+                    "in-flight requests (spec.router.drainSeconds), then it is removed")  # fmt: skip
+        if state == "Starting":
+            return (f"{target} is starting beside {serving}, which keeps all traffic until every desired replica of "
+                    f"the new one is Ready (a decode pod only after its pair check against the new prefill pods): "
+                    f"{self._progress(plan.desired.hash)}")  # fmt: skip
+        problems = "; ".join(m for _, m in self.target_problems())
+        return (f"{target} cannot come up: {problems}; {serving} keeps serving. A rollout starts the new generation "
+                f"beside the serving one, so it needs room for {_gpus(self.spec)} more GPUs: free them or add nodes, "
+                "or put the spec back to cancel it")  # fmt: skip
+
+    def annotate(self, conds: list[dict[str, str]], failure: Failure | None) -> None:
+        """Role conditions gain the new generation's progress and probe reasons; Progressing says where the rollout
+        stands; Degraded also carries the new generation's problems (the serving one may be fine)."""
+        by_type = {c["type"]: c for c in conds}
+        if self.plan.rolling:
+            for role in contract.ROLES:
+                c = by_type[str(COMPONENT_CONDITION[role])]
+                c.update(_cond(ConditionType(c["type"]), _truth(c["status"]), Reason(c["reason"]),
+                               f"{c['message']}; {self.target_note(role)}"))  # fmt: skip
+        if failure is not None:
+            return
+        state = self.state
+        if state != "Complete":
+            reason = {"Starting": Reason.GENERATION_STARTING, "Blocked": Reason.GENERATION_BLOCKED,
+                      "Switching": Reason.TRAFFIC_SWITCHING}[state]  # fmt: skip
+            by_type[str(ConditionType.PROGRESSING)].update(
+                _cond(ConditionType.PROGRESSING, state != "Blocked", reason, self.message())
+            )
+        problems = self.target_problems()
+        degraded = by_type[str(ConditionType.DEGRADED)]
+        if problems and degraded["status"] != "True":
+            degraded.update(_cond(ConditionType.DEGRADED, True, problems[0][0], "; ".join(m for _, m in problems)))
+        elif problems:
+            degraded.update(_cond(ConditionType.DEGRADED, True, Reason(degraded["reason"]),
+                                  degraded["message"] + "; " + "; ".join(m for _, m in problems)))  # fmt: skip
+
+    def _entry(self, h: str) -> dict[str, Any]:
+        t = self.all[h]
+        if h == self.plan.route.hash:
+            state = "Serving"
+        elif h == self.plan.desired.hash:
+            state = "Blocked" if self.target_problems() else "Starting"
+        else:
+            state = "Draining"
+        out: dict[str, Any] = {"number": self.number(h), "hash": h, "state": state}
+        out.update({r: f"{t[r].ready}/{t[r].desired}" for r in contract.ROLES})
+        why = [_problem_text(t[r].problems) for r in contract.ROLES if t[r].problems]
+        why += [d for r in contract.ROLES if not t[r].ready_all and (d := self.view.details.get((h, r)))]
+        if why:
+            out["message"] = _clip("; ".join(why), 4096)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """status.rollout (camelCase)."""
+        plan, state = self.plan, self.state
+        if state == "Complete":
+            summary = "complete"
+        elif state == "Switching":
+            summary = "draining gen " + ",".join(str(self.number(h)) for h in self.draining)
+        else:
+            t = self.all[plan.desired.hash]
+            want = sum(t[r].desired for r in contract.ROLES)
+            done = sum(min(t[r].ready, t[r].desired) for r in contract.ROLES)
+            summary = f"gen {plan.desired.number}: " + ("blocked" if state == "Blocked" else f"{done}/{want} ready")
+        return {
+            "state": state,
+            "summary": summary,
+            "message": _clip(self.message(), 4096),
+            "servingGeneration": plan.route.number,
+            "servingHash": plan.route.hash,
+            "targetGeneration": plan.desired.number,
+            "targetHash": plan.desired.hash,
+            "latestGeneration": plan.latest,
+            "generations": sorted((self._entry(h) for h in self.all), key=lambda e: (e["number"], e["hash"])),
+        }
+
+
+def _truth(status: str) -> bool | None:
+    return None if status == "Unknown" else status == "True"
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _states(

@@ -157,8 +157,13 @@ def test_the_profile_writes_every_hpd_env_entry_of_the_container() -> None:
     for dep in (o for o in build_all(cr, p) if o["kind"] == "Deployment" and o["metadata"]["name"] != "m-router"):
         env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
         role = dep["metadata"]["labels"]["hybridpd.io/role"]
+        gen = dep["metadata"]["labels"]["hybridpd.io/generation"]
+        # the one entry the builder rewrites: decode's pair check asks its own generation's prefill Service
+        own = {"name": "HPD_PREFILL_SERVICE", "value": f"m-prefill-{gen}.ns.svc"}
         assert [e for e in env if e["name"].startswith("HPD_")] == [
-            e for e in p.role(role).env_k8s() if e["name"].startswith("HPD_")
+            own if e["name"] == "HPD_PREFILL_SERVICE" else e
+            for e in p.role(role).env_k8s()
+            if e["name"].startswith("HPD_")
         ]
 
 
