@@ -205,9 +205,10 @@ def _identity(g: LiveGeneration, desired: Generation) -> Generation:
 
 
 def kept(obj: Mapping[str, Any], plan: Plan) -> bool:
-    """Whether a child of another generation than the desired one must stay (prune leaves it alone)."""
+    """Whether a child of another generation than the desired one must stay (prune leaves it alone). The desired
+    generation's children are pruned like any other (its PodDisruptionBudget after a scale-down to 1)."""
     gen = generation_of(obj)
-    return gen is not None and gen in plan.keep and component_of(obj) in contract.ROLES
+    return gen is not None and gen != plan.desired.hash and gen in plan.keep and component_of(obj) in contract.ROLES
 
 
 @dataclass(frozen=True)
@@ -266,12 +267,11 @@ def _gen(rollout: Mapping[str, Any], h: str | None) -> str:
 
 
 def hold_plan(live: Live) -> Plan | None:
-    """The plan when the spec cannot be built (invalid): nothing moves; the generation the router routes to (else the
-    newest) is reported as both serving and wanted. None when no generation runs."""
-    current = live.generations.get(live.router_target or "")
-    if current is None and live.generations:
-        current = max(live.generations.values(), key=lambda g: g.number or 0)
-    if current is None:
+    """The plan when the spec cannot be built (invalid): nothing moves. The router's generation (else the newest) is
+    reported as serving, the newest one as the target (the last valid spec's). None when no generation runs."""
+    if not live.generations:
         return None
-    gen = Generation(current.hash, current.number or 0)
-    return Plan(desired=gen, route=gen, keep=frozenset(live.generations), latest=live.latest_number())
+    newest = max(live.generations.values(), key=lambda g: g.number or 0)
+    current = live.generations.get(live.router_target or "") or newest
+    route, desired = Generation(current.hash, current.number or 0), Generation(newest.hash, newest.number or 0)
+    return Plan(desired=desired, route=route, keep=frozenset(live.generations), latest=live.latest_number())
