@@ -51,14 +51,21 @@ class RoleState:
     """The Deployment controller has observed the latest spec and its spec.replicas is what we want."""
     problems: tuple[tuple[Reason, str], ...] = ()
     """Why the role is failing: a stuck rollout, an unschedulable pod (scheduler's reason), a pod on a lost node."""
+    surges: bool = False
+    """The router: its Deployment surges (maxUnavailable 0), so while it rolls (a generation switch, a router
+    update) its Ready pods of either template serve: Ready when as many pods as desired are Ready, whichever
+    template they run; the roll itself shows in `rolling` (Progressing)."""
 
     @property
     def ready_all(self) -> bool:
+        if self.surges:
+            return self.exists and self.ready >= self.desired
         return self.exists and self.caught_up and self.ready >= self.desired and self.updated >= self.desired
 
     @property
     def rolling(self) -> bool:
-        return not self.ready_all or self.replicas > self.desired
+        settled = self.caught_up and self.updated >= self.desired
+        return not self.ready_all or self.replicas > self.desired or not settled
 
 
 def _deployment_problems(st: Mapping[str, Any]) -> list[tuple[Reason, str]]:
@@ -151,10 +158,12 @@ def role_state(
     pods: Sequence[Mapping[str, Any]] | None = None,
     nodes: Collection[str] | None = None,
     now: str | None = None,
+    *,
+    surges: bool = False,
 ) -> RoleState:
     problems, lost_ready = pod_problems(pods or (), nodes, now)
     if deployment is None:
-        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
+        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems), surges)
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
     caught_up = st.get("observedGeneration", 0) >= md.get("generation", 1) and sp.get("replicas", 1) == desired
     return RoleState(
@@ -166,6 +175,7 @@ def role_state(
         exists=True,
         caught_up=caught_up,
         problems=tuple(_deployment_problems(st) + problems),
+        surges=surges,
     )
 
 
@@ -533,7 +543,8 @@ def _states(
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now)  # a component left out: pods not observed
+        # a component left out: pods not observed
+        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now, surges=comp == contract.COMPONENT_ROUTER)
     return out
 
 

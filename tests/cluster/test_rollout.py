@@ -85,6 +85,8 @@ class Step:
     engines: list[client.V1Pod]
     deployments: dict[str, set[str]]
     """Generation -> roles whose Deployment exists."""
+    ready: str
+    """The CR's Ready condition status."""
 
 
 @dataclass
@@ -136,7 +138,7 @@ class Watcher:
             elif not d.metadata.deletion_timestamp:
                 gens.setdefault(d.metadata.labels[GEN], set()).add(d.metadata.labels[COMPONENT])
         engines = [p for p in pods if p.metadata.labels.get(COMPONENT) in contract.ROLES]
-        return Step(routers, engines, gens)
+        return Step(routers, engines, gens, str(cond(get_cr(self.api, self.ns, self.name), "Ready").get("status")))
 
 
 def check(step: Step) -> list[str]:
@@ -160,6 +162,11 @@ def check(step: Step) -> list[str]:
         if step.deployments.get(gen) != {"prefill", "decode"}:
             out.append(f"{who} still selects generation {gen}, whose Deployments are {step.deployments.get(gen)}")
     return out
+
+
+def serves(steps: list[Step]) -> list[set[str | None]]:
+    """Per step: the generations the Ready router pods (not being deleted) route to."""
+    return [{s.get(GEN) for _, serving, sel in st.routers if serving for s in sel.values()} for st in steps]
 
 
 def engine_pods(node: ManualNode, gen: str, role: str) -> list[client.V1Pod]:
@@ -232,9 +239,10 @@ def test_an_image_change_rolls_a_whole_new_generation_that_takes_traffic_only_on
         wait_for(lambda: router_generation(api, ns, name) == g2, T, what="router on generation 2")
         cr = wait_cr(api, ns, name, lambda c: c["status"]["rollout"]["state"] == "Complete", "rollout complete")
         wait_for(lambda: not node.pods(**{GEN: g1}), T, what="generation 1's pods gone")
+        wait_for(lambda: {g2} in serves(watcher.steps[-3:]), T, what="the watcher sees generation 2 serve")
     assert not watcher.problems, "\n".join(watcher.problems[:20])
-    served = [{s.get(GEN) for _, serving, sel in st.routers if serving for s in sel.values()} for st in watcher.steps]
-    assert {g1} in served and {g2} in served, "the watcher saw both generations serve"
+    assert {st.ready for st in watcher.steps} == {"True"}, "Ready=True all along: a generation served throughout"
+    assert {g1} in serves(watcher.steps) and {g2} in serves(watcher.steps), "the watcher saw both generations serve"
     first_g2 = next(i for i, st in enumerate(watcher.steps) if any(
         sel["decode"].get(GEN) == g2 for _, _, sel in st.routers))  # fmt: skip
     assert all(st.deployments.get(g1) == {"prefill", "decode"} for st in watcher.steps[:first_g2])
