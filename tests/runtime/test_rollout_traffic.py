@@ -230,8 +230,8 @@ class Traffic:
     """Clients through the Service: every answer's status and the generations that made it."""
 
     url: str
-    answers: list[tuple[float, str, str]] = field(default_factory=list)
-    """(time, prefill generation, decode generation)."""
+    answers: list[tuple[float, str, str, str]] = field(default_factory=list)
+    """(time, kind of request, prefill generation, decode generation)."""
     failures: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -246,7 +246,7 @@ class Traffic:
         while not self.stop.is_set():
             self.one({"prompt": [rng.randint(3, 900) for _ in range(rng.randint(8, 200))], "max_tokens": 2})
 
-    def one(self, body: dict[str, Any]) -> None:
+    def one(self, body: dict[str, Any], kind: str = "short") -> None:
         body = {"model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8", **body}
         req = urllib.request.Request(self.url + "/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})  # fmt: skip
@@ -264,12 +264,12 @@ class Traffic:
         tags = {d.get("system_fingerprint") for d in docs}
         for tag in tags:
             parts = dict(kv.split("=") for kv in str(tag).split())
-            self.answers.append((time.monotonic(), parts.get("prefill", "?"), parts.get("decode", "?")))
+            self.answers.append((time.monotonic(), kind, parts.get("prefill", "?"), parts.get("decode", "?")))
         if not docs or len(tags) != 1:
             self.failures.append(f"answer without one generation tag: {raw[:200]}")
 
     def from_gen(self, gen: str, after: float = 0.0) -> int:
-        return sum(1 for t, p, d in self.answers if p == d == gen and t >= after)
+        return sum(1 for t, _, p, d in self.answers if p == d == gen and t >= after)
 
 
 @pytest.fixture
@@ -315,10 +315,11 @@ def test_a_rollout_under_traffic_loses_no_request_and_never_mixes_generations(
     r_new = Router(cluster, new)
     service.set(r_old.port, r_new.port)
     long = threading.Thread(target=traffic.one, args=({"prompt": list(range(3, 300)), "max_tokens": LONG_TOKENS,
-                                                        "stream": True},))  # fmt: skip
+                                                        "stream": True}, "long"))  # fmt: skip
     service.set(r_old.port)  # the long request lands on the old router...
     long.start()
-    time.sleep(0.5)
+    (old_decode,) = [p.fake for p in old.pods if p.labels[c.LABEL_COMPONENT] == "decode"]
+    wait_until(lambda: any(r["body"].get("stream") for r in old_decode.requests()), timeout=30, what="long request")
     service.set(r_new.port)  # ...which then leaves the endpoints, pauses (preStop), gets SIGTERM and drains
     time.sleep(PRESTOP_SECONDS)
     sigterm = time.monotonic()
@@ -340,9 +341,9 @@ def test_a_rollout_under_traffic_loses_no_request_and_never_mixes_generations(
     r_new.terminate()
 
     assert traffic.failures == [], traffic.failures[:10]
-    mixed = [(p, d) for _, p, d in traffic.answers if p != d]
+    mixed = [(p, d) for _, _, p, d in traffic.answers if p != d]
     assert mixed == [], mixed[:10]
-    assert {(p, d) for _, p, d in traffic.answers} == {(old.hash, old.hash), (new.hash, new.hash)}
-    assert all(p == new.hash for t, p, _ in traffic.answers if t > gone)
-    long_done = [t for t, p, _ in traffic.answers if p == old.hash]
-    assert max(long_done) > sigterm, "the long request was still in flight when the old router got SIGTERM"
+    assert {(p, d) for _, _, p, d in traffic.answers} == {(old.hash, old.hash), (new.hash, new.hash)}
+    assert all(p == new.hash for t, kind, p, _ in traffic.answers if t > gone and kind == "short")
+    ((done, _, p, _),) = [a for a in traffic.answers if a[1] == "long"]
+    assert p == old.hash and done > sigterm, "the long request ran on the old router across its SIGTERM"
