@@ -113,6 +113,7 @@ def test_dashboard_covers_every_role_row() -> None:
         "Queues and KV cache",
         "NIXL KV transfer (decode pulls from prefill)",
         "Router",
+        "Data path after Ready",
         "Readiness and warmup",
         "Operator",
     ]
