@@ -235,6 +235,7 @@ def compute_status(
     details = role_details or {}
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
+    conds.append(_data_path_condition(spec, states["decode"], details.get("decode")))
     conds.append(_profile_condition(profile, failure))
     conds += _progress_conditions(states, failure)
     ready, phase = _ready_condition(states, failure)
@@ -293,6 +294,26 @@ def _warmup_condition(spec: HybridPDDeploymentSpec | None, states: Mapping[str, 
     waiting = sum(max(s.desired - s.ready, 0) for s in engines)
     msg = f"{waiting} engine replica(s) not warm (not Ready) yet"
     return _cond(ConditionType.WARMED_UP, False, Reason.WARMUP_PENDING, msg)
+
+
+def _data_path_condition(spec: HybridPDDeploymentSpec | None, decode: RoleState, detail: str | None) -> dict[str, str]:
+    """Whether P->D is proven now. Decode is Ready only after its pair check with every Ready prefill and stays Ready
+    only while its canary passes, so Ready decode replicas are the proof (the measured KV rate is in each decode's
+    /readyz and hpd_runtime_kv_transfer_bytes_per_second: the pods have no credentials to report it here)."""
+    ctype = ConditionType.DATA_PATH_VERIFIED
+    if spec is None:
+        return _cond(ctype, None, Reason.UNKNOWN, "the spec is not valid")
+    w, kv = spec.warmup, spec.kv_transfer
+    if not (w.enabled and w.pair_check):
+        return _cond(ctype, None, Reason.PAIR_CHECK_DISABLED, "spec.warmup.pairCheck (or warmup) is off: P->D is "
+                     "not verified before traffic")  # fmt: skip
+    canary = f"re-proved every {w.canary_seconds} s (canary)" if w.canary_seconds else "canary off"
+    if decode.desired > 0 and decode.ready_all:
+        msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "
+               f"KV over fabric {kv.fabric} (decode's /readyz names the measured rate)")  # fmt: skip
+        return _cond(ctype, True, Reason.DATA_PATH_VERIFIED, msg)
+    msg = f"{decode.ready}/{decode.desired} decode replica(s) verified P->D; {canary}"
+    return _cond(ctype, False, Reason.DATA_PATH_UNVERIFIED, msg + (f": {detail}" if detail else ""))
 
 
 def _profile_condition(profile: Profile | None, failure: Failure | None) -> dict[str, str]:

@@ -86,7 +86,24 @@ def test_ready_when_every_role_is_ready() -> None:
         "HybridProfileApplied",
         "Progressing",
         "Degraded",
+        "DataPathVerified",
     }
+    assert (
+        c["DataPathVerified"]["status"] == "True"
+        and "re-proved every 300 s (canary)" in c["DataPathVerified"]["message"]
+    )
+
+
+def test_data_path_verified_follows_decode_and_the_pair_check_setting() -> None:
+    """#31: decode is Ready only after its pair check and while its canary passes: the condition reads them."""
+    s = spec()
+    c = conds(status(s, {**ALL_READY, "decode": dep(2, 1)}, profile=profile_of(s)))
+    assert c["DataPathVerified"]["status"] == "False" and c["DataPathVerified"]["reason"] == "NotVerified"
+    assert "decode replica(s) verified P->D" in c["DataPathVerified"]["message"]
+    off = spec()
+    off.warmup.pair_check = False
+    c = conds(status(off, ALL_READY, profile=profile_of(off)))
+    assert c["DataPathVerified"]["status"] == "Unknown" and c["DataPathVerified"]["reason"] == "PairCheckDisabled"
 
 
 def test_not_ready_while_one_role_is_pending() -> None:

@@ -515,6 +515,7 @@ ConditionType = Literal[
     "HybridProfileApplied",
     "Progressing",
     "Degraded",
+    "DataPathVerified",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 

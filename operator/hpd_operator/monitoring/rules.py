@@ -122,10 +122,7 @@ KV_TRANSFER = (
     ),
     Alert(
         name="HPDCanaryStale",
-        expr=(
-            f"(time() - max by ({POD}) "
-            f'(hpd_runtime_canary_last_success_timestamp_seconds{{role="decode"}})) > 1800'
-        ),
+        expr=(f'(time() - max by ({POD}) (hpd_runtime_canary_last_success_timestamp_seconds{{role="decode"}})) > 1800'),
         for_="5m",
         severity="warning",
         summary="No passing canary for 30 minutes on decode pod {{ $labels.pod }}",
