@@ -100,8 +100,7 @@ def test_data_path_verified_follows_decode_and_the_pair_check_setting() -> None:
     c = conds(status(s, {**ALL_READY, "decode": dep(2, 1)}, profile=profile_of(s)))
     assert c["DataPathVerified"]["status"] == "False" and c["DataPathVerified"]["reason"] == "NotVerified"
     assert "decode replica(s) verified P->D" in c["DataPathVerified"]["message"]
-    off = spec()
-    off.warmup.pair_check = False
+    off = spec(warmup={"pairCheck": False})
     c = conds(status(off, ALL_READY, profile=profile_of(off)))
     assert c["DataPathVerified"]["status"] == "Unknown" and c["DataPathVerified"]["reason"] == "PairCheckDisabled"
 
