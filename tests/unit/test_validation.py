@@ -90,6 +90,10 @@ def test_unknown_flag_is_refused_with_the_version_named() -> None:
         (["--", "--enforce-eager"], "spec.extraArgs[1]", "a value without an option"),
         (["--enforce-eager", "--"], "spec.extraArgs[1]", "a bare `--`"),
         (["--compilation-config.level"], "spec.extraArgs[0]", "needs a value"),
+        (["--max-num-seqs", "\N{ROCKET}"], "spec.extraArgs[1]", "--max-num-seqs invalid int value: '\N{ROCKET}'"),
+        (["--max_num_seqs=lots"], "spec.extraArgs[0]", "--max-num-seqs invalid int value: 'lots'"),
+        (["--kv-cache-dtype", "fp9"], "spec.extraArgs[1]", "--kv-cache-dtype invalid choice 'fp9' (choose from auto,"),
+        (["--gpu-mem", "0.9"], "spec.extraArgs[0]", "operator-owned"),
     ],
 )
 def test_argv_vllm_would_exit_on_is_refused(args: list[str], field: str, text: str) -> None:
@@ -116,6 +120,7 @@ def test_a_dangling_dotted_flag_in_spec_extra_args_takes_the_roles_first_item() 
         ["-O3"],
         ["--enable-chunked-prefill", "--no-enforce-eager"],
         ["--model-impl", "vllm"],
+        ["--max-num-seqs", "8", "--seed", "7"],
     ],
 )
 def test_flags_users_may_pass_still_pass(args: list[str]) -> None:
