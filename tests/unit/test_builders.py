@@ -282,7 +282,7 @@ def test_network_policies_admit_only_router_peers_and_prometheus() -> None:
     assert prom_rule["from"] == [
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
     ]
-    assert [p["port"] for p in prom_rule["ports"]] == ["http", "runtime"]
+    assert [p["port"] for p in prom_rule["ports"]] == ["runtime"]  # never vLLM's API port (it serves completions)
     rt = by(objs, "NetworkPolicy", f"{n}-router")["spec"]
     assert rt["ingress"][0] == {"ports": [{"protocol": "TCP", "port": "http"}]}
     assert rt["ingress"][1]["ports"] == [{"protocol": "TCP", "port": "metrics"}]

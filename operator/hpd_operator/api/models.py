@@ -383,12 +383,15 @@ class MonitoringSpec(_Model):
 
 
 class PrometheusPeerSpec(_Model):
-    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer)."""
+    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer): the engines'
+    runtime port (its own metrics and vLLM's, relayed at /vllm/metrics; never vLLM's API port, which serves
+    completions) and the router's metrics port. Both serve read-only metrics; to keep even those to your Prometheus,
+    name its namespace, e.g. `namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}`."""
 
     namespace_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
         default_factory=dict, json_schema_extra={"default": {}}
     )
-    """Namespaces of the scrapers; {} = every namespace."""
+    """Namespaces of the scrapers; {} = every namespace (any pod labelled like a scraper reads the metrics)."""
     pod_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
         default_factory=lambda: {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
         json_schema_extra={"default": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
@@ -398,8 +401,9 @@ class PrometheusPeerSpec(_Model):
 
 class NetworkPolicySpec(_Model):
     """A NetworkPolicy per CR: engines accept the router on the API port, each other on any port (API, NIXL side
-    channel, UCX's ephemeral ports) and Prometheus on the metrics ports; the router accepts clients on its port and
-    Prometheus on its metrics port. Enforced only where the cluster's network plugin implements NetworkPolicy."""
+    channel, UCX's ephemeral ports) and Prometheus on the runtime port only (vLLM's metrics are relayed there); the
+    router accepts clients on its port and Prometheus on its metrics port. Enforced only where the cluster's network
+    plugin implements NetworkPolicy."""
 
     enabled: bool = True
     """Generate the NetworkPolicies (vLLM's API and NIXL's side channel have no authentication)."""
