@@ -201,17 +201,38 @@ class Affinity(_Model):
 
 
 class PodTemplateMetadata(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podMetadata")})
     labels: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)] | None = None
     """Extra pod labels (the operator's own labels win)."""
     annotations: Annotated[dict[str, str], Field(max_length=64)] | None = None
+    """Extra pod annotations; AppArmor and seccomp annotations are refused (the operator sets the pod's profile)."""
 
 
 class LocalObjectReference(_Model):
     name: str = Field(min_length=1, max_length=253)
 
 
+class VolumeProjection(_Model):
+    """One source of a projected volume (core/v1 VolumeProjection): secret, configMap, downwardAPI, ... ; a
+    serviceAccountToken source is refused (engine pods get no token). Only the refused source is declared: the
+    others are kept as written and checked by the apiserver when the Deployment is applied."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-validations": cel_rules("projection")})
+    service_account_token: _NoObj | None = None
+
+
+class ProjectedVolume(_Model):
+    """core/v1 ProjectedVolumeSource."""
+
+    model_config = ConfigDict(extra="allow")
+    sources: Annotated[list[VolumeProjection], Field(max_length=16)] | None = None
+
+
 class Volume(_Model):
-    """An extra pod volume (core/v1 Volume); hostPath is refused."""
+    """An extra pod volume (core/v1 Volume); hostPath and projected ServiceAccount tokens are refused. A `secret`
+    volume, a projected `secret` source and a `csi` volume with `nodePublishSecretRef` put a Secret of the namespace
+    into the engine pods through the operator's identity: the chart's ValidatingAdmissionPolicy admits the CR only
+    when its author may `get` that Secret (README, "Secrets a CR references")."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("volume")})
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -221,7 +242,7 @@ class Volume(_Model):
     persistent_volume_claim: _Free | None = None
     csi: _Free | None = None
     ephemeral: _Free | None = None
-    projected: _Free | None = None
+    projected: ProjectedVolume | None = None
     downward_api: _Free | None = Field(default=None, alias="downwardAPI")
     host_path: _NoObj | None = None
 
@@ -254,6 +275,7 @@ class PodSpecOverride(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podSpec")})
     priority_class_name: str | None = Field(default=None, max_length=253)
+    """A PriorityClass of the cluster; the `system-` classes (node- and cluster-critical) are refused."""
     runtime_class_name: str | None = Field(default=None, max_length=253)
     """E.g. `nvidia` where the GPU runtime is not the node default."""
     scheduler_name: str | None = Field(default=None, max_length=253)
