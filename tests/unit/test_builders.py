@@ -103,7 +103,11 @@ def test_engine_pod_contract() -> None:
     sp = c["startupProbe"]
     assert sp["failureThreshold"] * sp["periodSeconds"] >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert c["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": []},
+    }
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
     vols = {v["name"]: v for v in pod["volumes"]}
@@ -259,9 +263,11 @@ def test_every_generated_pod_is_pss_restricted_and_engines_get_no_token() -> Non
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for c in pod["containers"]:
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
-            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": []}
+            assert c["securityContext"]["privileged"] is False
         assert all(set(v) - {"name"} <= {"emptyDir", "persistentVolumeClaim"} for v in pod.get("volumes", []))
-        assert "hostNetwork" not in pod and "hostPID" not in pod
+        # written out (not left to the defaults) so the operator owns them and reverts a hand edit (drift.py)
+        assert (pod["hostNetwork"], pod["hostPID"], pod["hostIPC"]) == (False, False, False)
         is_router = d["metadata"]["name"].endswith("-router")
         assert pod["automountServiceAccountToken"] is is_router
 

@@ -8,7 +8,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata, selector_labels, short_name
+from hpd_operator.builders.common import (
+    POD_SECURITY_DEFAULTS,
+    Manifest,
+    container_security_context,
+    deep_merge,
+    labels,
+    metadata,
+    selector_labels,
+    short_name,
+)
 from hpd_operator.profile import Profile, gemm_warmup_seconds
 from hpd_runtime import contract
 
@@ -143,14 +152,12 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(),
     }
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
         "automountServiceAccountToken": False,
+        **POD_SECURITY_DEFAULTS,
         "containers": [container],
         "volumes": volumes,
         "securityContext": {

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.builders.common import Manifest, labels, metadata, selector_labels, short_name
+from hpd_operator.builders.common import (
+    POD_SECURITY_DEFAULTS,
+    Manifest,
+    container_security_context,
+    labels,
+    metadata,
+    selector_labels,
+    short_name,
+)
 from hpd_runtime import contract
 
 CONTAINER_NAME = "router"
@@ -82,11 +90,7 @@ def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(readOnlyRootFilesystem=True),
     }
     if r.resources is not None:
         res: dict[str, Any] = {}
@@ -109,6 +113,7 @@ def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
                     "serviceAccountName": router_name(name),
                     # the router's Kubernetes discovery watches pods with this token (engines get none)
                     "automountServiceAccountToken": True,
+                    **POD_SECURITY_DEFAULTS,
                     "containers": [container],
                     "securityContext": {
                         "runAsNonRoot": True,
