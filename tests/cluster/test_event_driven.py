@@ -287,8 +287,8 @@ def test_no_finalizer_and_no_annotation_on_the_cr(
 def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
     quiet_operator: Operator, kubeconfig: Path, api_client: client.ApiClient, namespace: str
 ) -> None:
-    """Issue #32 item 3: `hostNetwork`, `hostPID`, `privileged` or an added capability written into a child by hand
-    is drift like any other (the operator owns those fields: it writes them out, builders/common.py), and the
+    """Issue #32 item 3: `hostNetwork`, `hostPID`, `privileged`, an added capability, root or an unconfined seccomp
+    profile written into a child by hand is drift like any other (the operator owns those fields: it writes them out, builders/common.py), and the
     repair does not loop (the apiserver stores the false booleans as absent or false, which drift.mismatch reads as
     equal): once the pods have rolled, the operator applies no child again."""
     ns, name = namespace, "sec"
@@ -308,6 +308,9 @@ def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
                                 "privileged": True,
                                 "allowPrivilegeEscalation": True,
                                 "capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]},
+                                "runAsNonRoot": False,
+                                "runAsUser": 0,
+                                "seccompProfile": {"type": "Unconfined"},
                             },
                         }
                     ],
@@ -335,6 +338,9 @@ def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
             and sc.allow_privilege_escalation is False
             and not (sc.capabilities.add or [])
             and sc.capabilities.drop == ["ALL"]
+            and sc.run_as_non_root is True
+            and sc.run_as_user == 1000
+            and sc.seccomp_profile.type == "RuntimeDefault"
         )
 
     wait_for(lambda: contained(f"{name}-decode") and contained(f"{name}-router"), T, what="the hand edits reverted")

@@ -107,6 +107,10 @@ def test_engine_pod_contract() -> None:
         "privileged": False,
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"], "add": []},
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000

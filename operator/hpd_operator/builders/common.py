@@ -97,11 +97,17 @@ POD_SECURITY_DEFAULTS: dict[str, Any] = {"hostNetwork": False, "hostPID": False,
 """The pod shares no namespace with the node."""
 
 
-def container_security_context(**extra: Any) -> dict[str, Any]:
-    """The restricted container securityContext of every child container (PSS `restricted`), owned field by field."""
+def container_security_context(uid: int, **extra: Any) -> dict[str, Any]:
+    """The restricted container securityContext of every child container (PSS `restricted`), owned field by field.
+    The user, runAsNonRoot and seccompProfile repeat the pod's: a container's own value overrides the pod's, so a
+    hand edit there (`runAsUser: 0` with `runAsNonRoot: false`, `seccompProfile: Unconfined`) is taken back too."""
     return {
         "privileged": False,
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"], "add": []},
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
         **extra,
     }

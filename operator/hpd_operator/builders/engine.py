@@ -152,7 +152,7 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
-        "securityContext": container_security_context(),
+        "securityContext": container_security_context(RUN_AS_USER),
     }
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).

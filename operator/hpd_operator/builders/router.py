@@ -90,7 +90,7 @@ def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": container_security_context(readOnlyRootFilesystem=True),
+        "securityContext": container_security_context(RUN_AS_USER, readOnlyRootFilesystem=True),
     }
     if r.resources is not None:
         res: dict[str, Any] = {}
