@@ -85,6 +85,18 @@ CASES: list[Case] = [
     ("tpl-args", _set("decode.podTemplate", {"spec": {"containers": [{"name": "vllm", "args": ["--tensor-parallel", "2"]}]}})),
     ("tpl-hostnetwork", _set("decode.podTemplate", {"spec": {"hostNetwork": True}})),
     ("tpl-privileged", _set("decode.podTemplate", {"spec": {"containers": [{"name": "vllm", "securityContext": {"privileged": True}}]}})),
+    # issue #32 item 3: a token, a security profile or a node-critical priority chosen through podTemplate (refused),
+    # and Secret-bearing volumes (accepted here, where the sweep creates CRs as an admin: the chart's
+    # admission.checkSecretReferences policy refuses them to an author who may not read the Secret,
+    # tests/chart/test_admission_policies.py)
+    ("tpl-projected-token", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]}})),
+    ("tpl-apparmor-unconfined", _set("decode.podTemplate", {"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}})),
+    ("tpl-seccomp-annotation", _set("decode.podTemplate", {"metadata": {"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}})),
+    ("tpl-priority-node-critical", _set("decode.podTemplate", {"spec": {"priorityClassName": "system-node-critical"}})),
+    ("tpl-priority-cluster-critical", _set("prefill.podTemplate", {"spec": {"priorityClassName": "system-cluster-critical"}})),
+    ("tpl-secret-volume", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "s", "secret": {"secretName": "other-team", "optional": True}}]}})),
+    ("tpl-projected-secret", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "s", "projected": {"sources": [{"secret": {"name": "other-team", "optional": True}}]}}]}})),
+    ("tpl-csi-secret", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io", "nodePublishSecretRef": {"name": "other-team"}}}]}})),
     ("tolerations-bad-op", _set("decode.tolerations", [{"key": "a", "operator": "Bogus"}])),
     ("nodeselector-bad-key", _set("decode.nodeSelector", {"bad key!": "x"})),
     ("nodeselector-nowhere", _set("decode.nodeSelector", {"example.com/none": "x"})),

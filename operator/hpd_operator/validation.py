@@ -211,13 +211,19 @@ def check_spec(spec: HybridPDDeploymentSpec) -> list[SpecViolation]:
 
 def _check_pod_template(rs: RoleSpec, path: str, out: list[SpecViolation]) -> None:
     pt: PodTemplate | None = rs.pod_template
-    if pt is None or pt.spec is None:
+    if pt is None:
+        return
+    if pt.metadata is not None:
+        out.extend(violations("podMetadata", pt.metadata, f"{path}.metadata"))
+    if pt.spec is None:
         return
     out.extend(violations("podSpec", pt.spec, f"{path}.spec"))
     for i, ct in enumerate(pt.spec.containers or []):
         out.extend(violations("container", ct, f"{path}.spec.containers[{i}]"))
     for i, vol in enumerate(pt.spec.volumes or []):
         out.extend(violations("volume", vol, f"{path}.spec.volumes[{i}]"))
+        for j, src in enumerate((vol.projected.sources if vol.projected else None) or []):
+            out.extend(violations("projection", src, f"{path}.spec.volumes[{i}].projected.sources[{j}]"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

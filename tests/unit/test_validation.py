@@ -264,6 +264,23 @@ def test_cr_names_that_would_make_invalid_or_colliding_children_are_refused(name
             "spec.prefill.podTemplate.spec.volumes[0].hostPath",
             "podTemplate.spec.volumes[]-hostPath-not-allowed",
         ),
+        (
+            {"decode": {"podTemplate": {"spec": {"volumes": [{"name": "e", "emptyDir": {}}, {"name": "t", "projected":
+                {"sources": [{"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token"}}]}}]}}}},
+            "spec.decode.podTemplate.spec.volumes[1].projected.sources[1].serviceAccountToken",
+            "podTemplate.spec.volumes[].projected.sources[]-serviceAccountToken-not-allowed",
+        ),
+        (
+            {"decode": {"podTemplate": {"metadata": {"annotations": {
+                "container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}}}},
+            "spec.decode.podTemplate.metadata.annotations[container.apparmor.security.beta.kubernetes.io/vllm]",
+            "pod-template-no-security-annotations",
+        ),
+        (
+            {"prefill": {"podTemplate": {"spec": {"priorityClassName": "system-node-critical"}}}},
+            "spec.prefill.podTemplate.spec.priorityClassName",
+            "pod-template-no-system-priority",
+        ),
     ],
 )  # fmt: skip
 def test_rule_twins_name_the_field(patch: dict[str, Any], field: str, rule: str) -> None:

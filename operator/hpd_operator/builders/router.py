@@ -6,7 +6,7 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels
-from hpd_operator.builders.common import Manifest, labels, metadata
+from hpd_operator.builders.common import POD_SECURITY_DEFAULTS, Manifest, container_security_context, labels, metadata
 from hpd_runtime import contract
 
 CONTAINER_NAME = "router"
@@ -75,11 +75,7 @@ def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(RUN_AS_USER, readOnlyRootFilesystem=True),
     }
     if r.resources is not None:
         res: dict[str, Any] = {}
@@ -102,6 +98,7 @@ def build_router_deployment(cr: HybridPDDeployment) -> Manifest:
                     "serviceAccountName": router_name(name),
                     # the router's Kubernetes discovery watches pods with this token (engines get none)
                     "automountServiceAccountToken": True,
+                    **POD_SECURITY_DEFAULTS,
                     "containers": [container],
                     "securityContext": {
                         "runAsNonRoot": True,
