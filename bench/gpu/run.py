@@ -874,6 +874,10 @@ class Bench:
     roles: dict[str, Role]
     deadline: float = math.inf
     """perf_counter() by which the whole plan must be done (--deadline-s)."""
+    load_s: float = 0.0
+    """Each canary load phase (LOAD_PHASE_S unless --load-phase-s)."""
+    after_s: float = 0.0
+    """The checked traffic after a restart or a swap (AFTER_S unless --after-s)."""
     routers: list[Router] = dataclasses.field(default_factory=list)
 
     def until(self, seconds: float) -> float:
@@ -1137,7 +1141,7 @@ def restart_decode(b: Bench, traffic: Traffic, d: Role) -> dict[str, Any]:
     wait_ready({d.name: d}, b.until(BOOT_TIMEOUT_S))
     res["t_ready"], res["times"] = traffic.now(), role_times(d)
     traffic.set_phase("restart-after")
-    time.sleep(AFTER_S)
+    time.sleep(b.after_s)
     res["prefill_after"] = prefill_state(p)
     res["pair_checks"] = pair_checks(d)
     res["decode_log"] = log_scan(d, 0)
@@ -1165,7 +1169,7 @@ def replace_decode(b: Bench, traffic: Traffic, old: Role, new: Role, router: Rou
     res["old_exit_s"], res["t_old_gone"] = round(time.perf_counter() - t, 1), traffic.now()
     router.stop()
     traffic.set_phase("replace-after")
-    time.sleep(AFTER_S)
+    time.sleep(b.after_s)
     res["prefill_after"] = prefill_state(p)
     res["pair_checks"] = pair_checks(new)
     res["new_decode_log"] = log_scan(new, 0)
@@ -1194,7 +1198,7 @@ def decode_lifecycle(b: Bench, steps: list[str], router: Router) -> dict[str, An
     res: dict[str, Any] = {"prefill_at_start": prefill_state(p)}
     try:
         if "canary" in steps:
-            res["canary_on"] = load_phase(traffic, "canary-on", a, LOAD_PHASE_S, then="before")
+            res["canary_on"] = load_phase(traffic, "canary-on", a, b.load_s, then="before")
         new = None
         if "replace-decode" in steps:
             new = b.new_decode("0" if "canary" in steps else None)
@@ -1215,7 +1219,7 @@ def decode_lifecycle(b: Bench, steps: list[str], router: Router) -> dict[str, An
             restart_with_canary_off(b, traffic, a)
         if "canary" in steps:
             off = new if new is not None else a
-            res["canary_off"] = load_phase(traffic, "canary-off", off, LOAD_PHASE_S, then="end")
+            res["canary_off"] = load_phase(traffic, "canary-off", off, b.load_s, then="end")
     finally:
         res["traffic"] = traffic.finish()
         res["prefill_log"] = log_scan(p, p_offset)
@@ -1320,7 +1324,9 @@ def run_step(
     decode_steps = [s for s in steps if s in DECODE_STEPS]
     base_env = {**os.environ, **NO_NVLINK_MULTICAST, "PYTHONUNBUFFERED": "1"}
     bench = Bench(manifests, cr, variant, model_dir, cache_root, args.work, out, served, base_env, roles,
-                  deadline=getattr(args, "t_end", math.inf))  # fmt: skip
+                  deadline=getattr(args, "t_end", math.inf),
+                  load_s=getattr(args, "load_phase_s", None) or LOAD_PHASE_S,
+                  after_s=getattr(args, "after_s", None) or AFTER_S)  # fmt: skip
     res.update({"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}})
     while key in report["runs"]:  # the same CR again in one plan (e.g. cold, then warm on the same cache)
         key += "+again"
@@ -1402,6 +1408,11 @@ def main() -> int:
     ap.add_argument("--fresh-cache", action="store_true", help="empty the cache volumes first (cold)")
     ap.add_argument("--gpus", default="0,1", help="this lane's GPUs, in order (a TP=t role takes the first t)")
     ap.add_argument("--port-offset", type=int, default=0, help="shift every port (a second lane on one host)")
+    ap.add_argument(
+        "--load-phase-s", type=float, default=None, help=f"each canary load phase (default {LOAD_PHASE_S} s)"
+    )
+    ap.add_argument("--after-s", type=float, default=None,
+                    help=f"checked traffic after a decode restart or swap (default {AFTER_S} s)")  # fmt: skip
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="the whole plan's time: the decode steps' waits end by then (leave the teardown outside)")  # fmt: skip
     ap.add_argument("--vllm-site", action="append", default=[], metavar="VERSION=DIR",
