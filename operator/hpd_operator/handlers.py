@@ -789,6 +789,21 @@ async def start_workers(**_: Any) -> None:
     _STATE["workers"], _STATE["resync_task"] = workers, asyncio.create_task(_resync_loop())
 
 
+@kopf.on.probe(id="workers")
+def workers_alive(**_: Any) -> int:
+    """What liveness (/healthz) means: this process can still converge CRs. kopf answers /healthz from its own event
+    loop; this probe adds the reconcile threads (a dead worker thread would leave CRs unconverged while the loop looks
+    healthy), and /healthz answers 500 when one died, so the kubelet restarts the operator. The apiserver's
+    reachability is NOT part of it: a restart cannot bring an apiserver back, and every operator of a cluster
+    restarting through a control-plane outage would only add load when it returns (the watches and the backoff
+    resume on their own: tests/cluster/test_reliability.py)."""
+    workers: list[threading.Thread] = _STATE.get("workers") or []
+    dead = [t.name for t in workers if not t.is_alive()]
+    if dead:
+        raise kopf.PermanentError(f"reconcile worker thread(s) exited: {', '.join(dead)}")
+    return len(workers)
+
+
 @kopf.on.cleanup(id="workers")
 async def stop_workers(**_: Any) -> None:
     task = _STATE.get("resync_task")
