@@ -110,6 +110,18 @@ CASES: list[Case] = [
     ("args-abbrev-tp", _set("extraArgs", ["--tensor-parallel", "2"])),
     ("args-unknown", _set("extraArgs", ["--no-such-flag"])),
     ("args-abbrev-port", _set("extraArgs", ["--por", "9000"])),
+    # issue #32 item 5 and #26: typed values vLLM's parser would refuse, the multi-node launch flags, a spec too
+    # large to store a status beside it, impossible fabric / UCX combinations
+    ("args-typed-emoji", _set("extraArgs", ["--max-num-seqs", "\U0001f680"])),
+    ("args-choice", _set("decode.extraArgs", ["--kv-cache-dtype=fp9"])),
+    ("args-headless", _set("extraArgs", ["--headless"])),
+    ("args-nnodes", _set("prefill.extraArgs", ["--nnodes", "2"])),
+    ("env-1.5mb", _set("env", [{"name": f"E{i}", "value": "x" * 24_000} for i in range(64)])),
+    ("rdma-no-devices", _set("kvTransfer", {"fabric": "rdma"})),
+    ("rdma-devices-tcp", _set("kvTransfer", {"rdma": {"resourceName": "rdma/ib"}})),
+    ("ucx-no-am", _set("kvTransfer", {"ucx": {"tls": "cuda_copy,cuda_ipc"}})),
+    ("rdma-tcp-only-tls", _set("kvTransfer", {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib"}, "ucx": {"tls": "tcp,cuda_copy"}})),
+    ("rdma-ok", _set("kvTransfer", {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib"}})),
     ("image-space", _set("image", " bad image")),
     ("cache-pvc-missing", _set("cache", {"type": "pvc", "claimName": "nope"})),
     ("cache-size-lots", _set("cache", {"sizeLimit": "lots"})),
