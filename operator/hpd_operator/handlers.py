@@ -68,7 +68,8 @@ from hpd_operator.builders import Manifest, build_all
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.status import compute_status, next_pod_check, transitions
 from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue

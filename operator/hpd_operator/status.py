@@ -25,7 +25,7 @@ from hpd_operator.conditions import (
     Reason,
 )
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 COMPONENTS: tuple[str, ...] = (*contract.ROLES, contract.COMPONENT_ROUTER)

@@ -15,7 +15,8 @@ from hpd_operator.api.models import (
 )
 from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.status import MAX_MESSAGE, NOT_SCHEDULED_AFTER, compute_status, next_pod_check, transitions
 from hpd_operator.validation import validate
 

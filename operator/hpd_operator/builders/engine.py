@@ -17,7 +17,8 @@ from hpd_operator.builders.common import (
     labels,
     metadata,
 )
-from hpd_operator.profile import Profile, gemm_warmup_seconds
+from hpd_operator.profile import gemm_warmup_seconds
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 GPU_RESOURCE = "nvidia.com/gpu"
