@@ -633,6 +633,7 @@ def write_report(run: Run) -> dict[str, Any]:
         previous=previous,
         now=report.now(),
         role_details=run.role_details,
+        not_scheduled_after=settings.current().not_scheduled_seconds,
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
     try:
@@ -684,7 +685,8 @@ def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Ru
             observe(run)
         except client.ApiException as e:
             raise TransientError(f"observe: {k8s.api_message(e)}") from e
-        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now())
+        after = settings.current().not_scheduled_seconds
+        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now(), after)
         if pod_check is not None:  # a pod no scheduler looked at turns NotScheduled then: no event announces it
             run.requeue_after = min(run.requeue_after or pod_check, pod_check)
         write_report(run)

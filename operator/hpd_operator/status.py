@@ -94,15 +94,20 @@ def unlooked_age(pod: Mapping[str, Any], now: str | None) -> float | None:
     return None if t0 is None or t1 is None else max((t1 - t0).total_seconds(), 0.0)
 
 
-def next_pod_check(pods: Iterable[Mapping[str, Any]], now: str | None) -> float | None:
-    """Seconds until the next unbound, unjudged pod reaches NOT_SCHEDULED_AFTER (no event announces that moment)."""
-    waits = [NOT_SCHEDULED_AFTER - a for p in pods if (a := unlooked_age(p, now)) is not None]
+def next_pod_check(
+    pods: Iterable[Mapping[str, Any]], now: str | None, after: float = NOT_SCHEDULED_AFTER
+) -> float | None:
+    """Seconds until the next unbound, unjudged pod has waited `after` seconds (no event announces that moment)."""
+    waits = [after - a for p in pods if (a := unlooked_age(p, now)) is not None]
     waits = [w for w in waits if w > 0]
     return min(waits) + 1.0 if waits else None
 
 
 def pod_problems(
-    pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None, now: str | None = None
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Collection[str] | None,
+    now: str | None = None,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> tuple[list[tuple[Reason, str]], int]:
     """Unschedulable pods (with the scheduler's message), pods no scheduler has looked at for NOT_SCHEDULED_AFTER
     seconds, and Ready pods bound to a node that no longer exists (`nodes` = the names of the existing nodes; None =
@@ -117,7 +122,7 @@ def pod_problems(
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
                 out.append((Reason.UNSCHEDULABLE, f"pod {md.get('name')}: {c.get('message', 'unschedulable')}"))
         age = unlooked_age(pod, now)
-        if age is not None and age >= NOT_SCHEDULED_AFTER:
+        if age is not None and age >= not_scheduled_after:
             sched = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
             out.append((Reason.NOT_SCHEDULED, f"pod {md.get('name')} has waited {age:.0f} s and no scheduler has "
                         f"looked at it: is the scheduler {sched!r} running (podTemplate.spec.schedulerName)?"))  # fmt: skip
@@ -145,8 +150,10 @@ def role_state(
     pods: Sequence[Mapping[str, Any]] | None = None,
     nodes: Collection[str] | None = None,
     now: str | None = None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> RoleState:
-    problems, lost_ready = pod_problems(pods or (), nodes, now)
+    problems, lost_ready = pod_problems(pods or (), nodes, now, not_scheduled_after)
     if deployment is None:
         return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
@@ -218,6 +225,7 @@ def compute_status(
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
     role_details: Mapping[str, str] | None = None,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -231,7 +239,7 @@ def compute_status(
     """
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
-    states = _states(spec, observed, pods or {}, nodes, now)
+    states = _states(spec, observed, pods or {}, nodes, now, not_scheduled_after=not_scheduled_after)
     details = role_details or {}
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
@@ -248,14 +256,7 @@ def compute_status(
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
-        s = states[comp]
-        out[comp] = {
-            "replicas": s.replicas,
-            "readyReplicas": s.ready,
-            "updatedReplicas": s.updated,
-            "summary": f"{s.ready}/{s.desired}",
-            "selector": selector_string(name, comp),
-        }
+        out[comp] = _role_status(name, comp, states[comp])
     port = spec.router.service.port if spec is not None else None
     if port is not None:
         out["endpoint"] = endpoint_url(name, namespace, port)
@@ -264,12 +265,24 @@ def compute_status(
     return out
 
 
+def _role_status(name: str, comp: str, s: RoleState) -> dict[str, Any]:
+    return {
+        "replicas": s.replicas,
+        "readyReplicas": s.ready,
+        "updatedReplicas": s.updated,
+        "summary": f"{s.ready}/{s.desired}",
+        "selector": selector_string(name, comp),
+    }
+
+
 def _states(
     spec: HybridPDDeploymentSpec | None,
     observed: Mapping[str, Mapping[str, Any] | None],
     pods: Mapping[str, Sequence[Mapping[str, Any]]],
     nodes: Collection[str] | None,
     now: str | None = None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> dict[str, RoleState]:
     out: dict[str, RoleState] = {}
     for comp in COMPONENTS:
@@ -280,7 +293,8 @@ def _states(
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now)  # a component left out: pods not observed
+        # a component left out: its pods not observed
+        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now, not_scheduled_after=not_scheduled_after)
     return out
 
 

@@ -34,25 +34,6 @@ def proxy(kubeconfig: Path) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture()
-def operator_factory(
-    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, operator_logs: list[Path]
-) -> Iterator[Callable[..., Operator]]:
-    """start(*extra_args, via=KUBECONFIG): the operator without the safety resync; stopped at teardown."""
-    started: list[Operator] = []
-
-    def start(*extra: str, via: Path = kubeconfig) -> Operator:
-        op = Operator(via, namespace, tmp_path / f"operator-{len(started)}.log", NO_RESYNC, extra=extra)
-        operator_logs.append(op.log)
-        op.start()
-        started.append(op)
-        return op
-
-    yield start
-    for op in started:
-        op.stop()
-
-
-@pytest.fixture()
 def start_proxied(
     proxy: FaultProxy, operator_factory: Callable[..., Operator], tmp_path: Path
 ) -> Callable[..., Operator]:
