@@ -57,11 +57,11 @@ def test_an_apiserver_refusal_is_retried_with_backoff_and_reported_once(
     op = start_proxied()
     create(api_client, ns, seed(name))
     wait_for(lambda: fault.served == fault.count, T, what=f"the {fault.count} injected {code}s")
-    failed = wait_cr(api_client, ns, name, lambda c: cond(c, "Ready").get("reason") == "ApplyFailed", "ApplyFailed")
-    assert f"{code} " in cond(failed, "Ready")["message"]
     wait_ready(api_client, ns, name, timeout=BACKOFF_CAP + T)
-    warned = warnings(api_client, ns, name)
+    # The ApplyFailed status lasts one backoff step (0.5 s): its Event, posted on the transition, is what stays.
+    warned = wait_for(lambda: warnings(api_client, ns, name), T, what="the episode's Warning Event")
     assert [(e.reason, e.count) for e in warned] == [("ApplyFailed", 1)], [e.message for e in warned]
+    assert f"{code} " in warned[0].message, warned[0].message
     assert op_metrics(op)["workqueue_retries_total"] >= 1
 
 
