@@ -74,7 +74,8 @@ NOT_SCHEDULED_AFTER = 60.0
 (NotScheduled). The default scheduler looks at a new pod within a second; a loaded one within seconds."""
 
 
-def _parse_time(value: object) -> datetime.datetime | None:
+def parse_time(value: object) -> datetime.datetime | None:
+    """An RFC 3339 time of the apiserver (`2026-12-01T10:00:00Z`), None when absent or malformed."""
     if not isinstance(value, str) or not value:
         return None
     try:
@@ -90,7 +91,7 @@ def unlooked_age(pod: Mapping[str, Any], now: str | None) -> float | None:
         return None
     if any(c.get("type") == "PodScheduled" for c in st.get("conditions") or []):
         return None
-    t0, t1 = _parse_time(md.get("creationTimestamp")), _parse_time(now)
+    t0, t1 = parse_time(md.get("creationTimestamp")), parse_time(now)
     return None if t0 is None or t1 is None else max((t1 - t0).total_seconds(), 0.0)
 
 
