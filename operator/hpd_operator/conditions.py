@@ -20,6 +20,7 @@ class ConditionType(StrEnum):
     HYBRID_PROFILE_APPLIED = "HybridProfileApplied"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
+    DATA_PATH_VERIFIED = "DataPathVerified"
 
 
 COMPONENT_CONDITION: dict[str, ConditionType] = {
@@ -58,6 +59,12 @@ class Reason(StrEnum):
     WARMUP_DISABLED = "WarmupDisabled"
     ALL_ENGINES_WARM = "AllEnginesWarm"
     WARMUP_PENDING = "WarmupPending"
+    # DataPathVerified
+    DATA_PATH_VERIFIED = "Verified"
+    """Every desired decode replica is Ready: each passed its pair check with every Ready prefill (and, with the
+    canary on, its last canary: a failing one turns that decode not Ready)."""
+    DATA_PATH_UNVERIFIED = "NotVerified"
+    PAIR_CHECK_DISABLED = "PairCheckDisabled"
     # HybridProfileApplied
     HYBRID = "Hybrid"
     ATTENTION_ONLY = "AttentionOnly"

@@ -72,7 +72,8 @@ from hpd_operator.builders import Manifest, build_all, generation_hash
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.status import compute_status, generation_desired, generation_ready, next_pod_check, transitions
 from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue
@@ -666,6 +667,7 @@ def write_report(run: Run) -> dict[str, Any]:
         previous=previous,
         now=report.now(),
         role_details=run.role_details,
+        not_scheduled_after=settings.current().not_scheduled_seconds,
         rollout=run.rollout,
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
@@ -724,7 +726,8 @@ def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Ru
             observe(run)
         except client.ApiException as e:
             raise TransientError(f"observe: {k8s.api_message(e)}") from e
-        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now())
+        after = settings.current().not_scheduled_seconds
+        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now(), after)
         if pod_check is not None:  # a pod no scheduler looked at turns NotScheduled then: no event announces it
             run.requeue_after = min(run.requeue_after or pod_check, pod_check)
         write_report(run)
@@ -829,6 +832,21 @@ async def start_workers(**_: Any) -> None:
     for t in workers:
         t.start()
     _STATE["workers"], _STATE["resync_task"] = workers, asyncio.create_task(_resync_loop())
+
+
+@kopf.on.probe(id="workers")
+def workers_alive(**_: Any) -> int:
+    """What liveness (/healthz) means: this process can still converge CRs. kopf answers /healthz from its own event
+    loop; this probe adds the reconcile threads (a dead worker thread would leave CRs unconverged while the loop looks
+    healthy), and /healthz answers 500 when one died, so the kubelet restarts the operator. The apiserver's
+    reachability is NOT part of it: a restart cannot bring an apiserver back, and every operator of a cluster
+    restarting through a control-plane outage would only add load when it returns (the watches and the backoff
+    resume on their own: tests/cluster/test_reliability.py)."""
+    workers: list[threading.Thread] = _STATE.get("workers") or []
+    dead = [t.name for t in workers if not t.is_alive()]
+    if dead:
+        raise kopf.PermanentError(f"reconcile worker thread(s) exited: {', '.join(dead)}")
+    return len(workers)
 
 
 @kopf.on.cleanup(id="workers")

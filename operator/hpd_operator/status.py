@@ -31,7 +31,7 @@ from hpd_operator.conditions import (
 )
 from hpd_operator.errors import SpecError
 from hpd_operator.generations import LiveGeneration, Plan, RolloutView
-from hpd_operator.profile import Profile
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 COMPONENTS: tuple[str, ...] = (*contract.ROLES, contract.COMPONENT_ROUTER)
@@ -87,7 +87,8 @@ NOT_SCHEDULED_AFTER = 60.0
 (NotScheduled). The default scheduler looks at a new pod within a second; a loaded one within seconds."""
 
 
-def _parse_time(value: object) -> datetime.datetime | None:
+def parse_time(value: object) -> datetime.datetime | None:
+    """An RFC 3339 time of the apiserver (`2026-12-01T10:00:00Z`), None when absent or malformed."""
     if not isinstance(value, str) or not value:
         return None
     try:
@@ -103,19 +104,24 @@ def unlooked_age(pod: Mapping[str, Any], now: str | None) -> float | None:
         return None
     if any(c.get("type") == "PodScheduled" for c in st.get("conditions") or []):
         return None
-    t0, t1 = _parse_time(md.get("creationTimestamp")), _parse_time(now)
+    t0, t1 = parse_time(md.get("creationTimestamp")), parse_time(now)
     return None if t0 is None or t1 is None else max((t1 - t0).total_seconds(), 0.0)
 
 
-def next_pod_check(pods: Iterable[Mapping[str, Any]], now: str | None) -> float | None:
-    """Seconds until the next unbound, unjudged pod reaches NOT_SCHEDULED_AFTER (no event announces that moment)."""
-    waits = [NOT_SCHEDULED_AFTER - a for p in pods if (a := unlooked_age(p, now)) is not None]
+def next_pod_check(
+    pods: Iterable[Mapping[str, Any]], now: str | None, after: float = NOT_SCHEDULED_AFTER
+) -> float | None:
+    """Seconds until the next unbound, unjudged pod has waited `after` seconds (no event announces that moment)."""
+    waits = [after - a for p in pods if (a := unlooked_age(p, now)) is not None]
     waits = [w for w in waits if w > 0]
     return min(waits) + 1.0 if waits else None
 
 
 def pod_problems(
-    pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None, now: str | None = None
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Collection[str] | None,
+    now: str | None = None,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> tuple[list[tuple[Reason, str]], int]:
     """Unschedulable pods (with the scheduler's message), pods no scheduler has looked at for NOT_SCHEDULED_AFTER
     seconds, and Ready pods bound to a node that no longer exists (`nodes` = the names of the existing nodes; None =
@@ -130,7 +136,7 @@ def pod_problems(
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
                 out.append((Reason.UNSCHEDULABLE, f"pod {md.get('name')}: {c.get('message', 'unschedulable')}"))
         age = unlooked_age(pod, now)
-        if age is not None and age >= NOT_SCHEDULED_AFTER:
+        if age is not None and age >= not_scheduled_after:
             sched = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
             out.append((Reason.NOT_SCHEDULED, f"pod {md.get('name')} has waited {age:.0f} s and no scheduler has "
                         f"looked at it: is the scheduler {sched!r} running (podTemplate.spec.schedulerName)?"))  # fmt: skip
@@ -159,9 +165,10 @@ def role_state(
     nodes: Collection[str] | None = None,
     now: str | None = None,
     *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     surges: bool = False,
 ) -> RoleState:
-    problems, lost_ready = pod_problems(pods or (), nodes, now)
+    problems, lost_ready = pod_problems(pods or (), nodes, now, not_scheduled_after)
     if deployment is None:
         return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems), surges)
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
@@ -234,6 +241,7 @@ def compute_status(
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
     role_details: Mapping[str, str] | None = None,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     rollout: RolloutView | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
@@ -250,14 +258,16 @@ def compute_status(
     """
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
-    gens = _Generations.of(spec, rollout, nodes, now) if rollout is not None else None
-    states = _states(spec, observed, pods or {}, nodes, now)
+    wait = not_scheduled_after
+    gens = _Generations.of(spec, rollout, nodes, now, not_scheduled_after=wait) if rollout is not None else None
+    states = _states(spec, observed, pods or {}, nodes, now, not_scheduled_after=wait)
     details = dict(role_details or {})
     if gens is not None:
         states.update(gens.serving)
         details.update(gens.serving_details)
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
+    conds.append(_data_path_condition(spec, states["decode"], details.get("decode")))
     conds.append(_profile_condition(profile, failure))
     conds += _progress_conditions(states, failure)
     if gens is not None:
@@ -325,10 +335,22 @@ def generation_desired(
 
 
 def generation_states(
-    g: LiveGeneration | None, desired: Mapping[str, int], nodes: Collection[str] | None, now: str | None
+    g: LiveGeneration | None,
+    desired: Mapping[str, int],
+    nodes: Collection[str] | None,
+    now: str | None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> dict[str, RoleState]:
     return {
-        r: role_state(desired[r], g.deployments.get(r) if g else None, g.pods[r] if g else [], nodes, now)
+        r: role_state(
+            desired[r],
+            g.deployments.get(r) if g else None,
+            g.pods[r] if g else [],
+            nodes,
+            now,
+            not_scheduled_after=not_scheduled_after,
+        )
         for r in contract.ROLES
     }
 
@@ -369,14 +391,21 @@ class _Generations:
 
     @classmethod
     def of(
-        cls, spec: HybridPDDeploymentSpec | None, view: RolloutView, nodes: Collection[str] | None, now: str | None
+        cls,
+        spec: HybridPDDeploymentSpec | None,
+        view: RolloutView,
+        nodes: Collection[str] | None,
+        now: str | None,
+        *,
+        not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     ) -> _Generations:
-        want = view.plan.desired.hash
-        states = {h: generation_states(g, generation_desired(spec, g, want), nodes, now)
+        want, wait = view.plan.desired.hash, not_scheduled_after
+        states = {h: generation_states(g, generation_desired(spec, g, want), nodes, now, not_scheduled_after=wait)
                   for h, g in view.live.generations.items()}  # fmt: skip
         for gen in (view.plan.desired, view.plan.route):
             if gen.hash not in states:
-                states[gen.hash] = generation_states(None, generation_desired(spec, None, want), nodes, now)
+                desired = generation_desired(spec, None, want)
+                states[gen.hash] = generation_states(None, desired, nodes, now, not_scheduled_after=wait)
         return cls(spec, view, states)
 
     @property
@@ -533,6 +562,8 @@ def _states(
     pods: Mapping[str, Sequence[Mapping[str, Any]]],
     nodes: Collection[str] | None,
     now: str | None = None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> dict[str, RoleState]:
     out: dict[str, RoleState] = {}
     for comp in COMPONENTS:
@@ -543,8 +574,16 @@ def _states(
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        # a component left out: pods not observed
-        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now, surges=comp == contract.COMPONENT_ROUTER)
+        # a component left out: its pods not observed
+        out[comp] = role_state(
+            desired,
+            dep,
+            pods.get(comp),
+            nodes,
+            now,
+            not_scheduled_after=not_scheduled_after,
+            surges=comp == contract.COMPONENT_ROUTER,
+        )
     return out
 
 
@@ -558,6 +597,26 @@ def _warmup_condition(spec: HybridPDDeploymentSpec | None, states: Mapping[str, 
     waiting = sum(max(s.desired - s.ready, 0) for s in engines)
     msg = f"{waiting} engine replica(s) not warm (not Ready) yet"
     return _cond(ConditionType.WARMED_UP, False, Reason.WARMUP_PENDING, msg)
+
+
+def _data_path_condition(spec: HybridPDDeploymentSpec | None, decode: RoleState, detail: str | None) -> dict[str, str]:
+    """Whether P->D is proven now. Decode is Ready only after its pair check with every Ready prefill and stays Ready
+    only while its canary passes, so Ready decode replicas are the proof (the measured KV rate is in each decode's
+    /readyz and hpd_runtime_kv_transfer_bytes_per_second: the pods have no credentials to report it here)."""
+    ctype = ConditionType.DATA_PATH_VERIFIED
+    if spec is None:
+        return _cond(ctype, None, Reason.UNKNOWN, "the spec is not valid")
+    w, kv = spec.warmup, spec.kv_transfer
+    if not (w.enabled and w.pair_check):
+        return _cond(ctype, None, Reason.PAIR_CHECK_DISABLED, "spec.warmup.pairCheck (or warmup) is off: P->D is "
+                     "not verified before traffic")  # fmt: skip
+    canary = f"re-proved every {w.canary_seconds} s (canary)" if w.canary_seconds else "canary off"
+    if decode.desired > 0 and decode.ready_all:
+        msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "
+               f"KV over fabric {kv.fabric} (decode's /readyz names the measured rate)")  # fmt: skip
+        return _cond(ctype, True, Reason.DATA_PATH_VERIFIED, msg)
+    msg = f"{decode.ready}/{decode.desired} decode replica(s) verified P->D; {canary}"
+    return _cond(ctype, False, Reason.DATA_PATH_UNVERIFIED, msg + (f": {detail}" if detail else ""))
 
 
 def _profile_condition(profile: Profile | None, failure: Failure | None) -> dict[str, str]:

@@ -131,7 +131,8 @@ PODMONITOR_CRD: dict[str, Any] = {
 @pytest.fixture(scope="module", autouse=True)
 def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
     """The Prometheus Operator's PodMonitor kind (a schema-less stand-in when absent), so the proof covers the
-    operator's PodMonitor calls too; removed afterwards only if this module created it."""
+    operator's PodMonitor calls too; removed afterwards only if this module created it (tests/chart/test_rbac_fence.py
+    uses it as well)."""
     ext = client.ApiextensionsV1Api(api_client)
     name = PODMONITOR_CRD["metadata"]["name"]
     try:
@@ -151,6 +152,15 @@ def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
     yield
     if created:
         ext.delete_custom_resource_definition(name)
+
+        def gone() -> bool:  # deletion is asynchronous: the next module must not find a CRD about to vanish
+            try:
+                ext.read_custom_resource_definition(name)
+            except client.ApiException as e:
+                return e.status == 404
+            return False
+
+        wait_for(gone, 60, what="PodMonitor CRD deleted")
 
 
 def optional_children(api: client.ApiClient, ns: str, name: str) -> tuple[list[str], list[str]]:

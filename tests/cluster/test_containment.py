@@ -349,7 +349,7 @@ def test_network_policies_are_applied_with_their_rules(
         contract.LABEL_COMPONENT: contract.COMPONENT_ROUTER,
     }
     assert [p.port for p in router_rule.ports] == ["http"] and peers.ports is None
-    assert [p.port for p in prom.ports] == ["http", "runtime"]
+    assert [p.port for p in prom.ports] == ["runtime"]
     assert {(p.protocol, p.port) for p in eng.spec.egress[0].ports} == {("UDP", 53), ("TCP", 53)}
     rt = net.read_namespaced_network_policy(f"{name}-router", ns)
     assert rt.spec.policy_types == ["Ingress"] and [p.port for p in rt.spec.ingress[1].ports] == ["metrics"]

@@ -14,6 +14,7 @@ Events (which other components write cluster-wide) are compared in the test name
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -288,3 +289,89 @@ def test_no_finalizer_and_no_annotation_on_the_cr(
     assert not [k for k in cr["metadata"].get("annotations") or {} if k.startswith(contract.GROUP)]
     dep = engine_deployment(api_client, ns, name, "decode")
     assert len(dep.metadata.annotations[contract.ANNOTATION_DESIRED_HASH]) == 32
+
+
+def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
+    quiet_operator: Operator, kubeconfig: Path, api_client: client.ApiClient, namespace: str
+) -> None:
+    """Issue #32 item 3: `hostNetwork`, `hostPID`, `privileged`, an added capability, root or an unconfined seccomp
+    profile written into a child by hand is drift like any other (the operator owns those fields: it writes them out, builders/common.py), and the
+    repair does not loop (the apiserver stores the false booleans as absent or false, which drift.mismatch reads as
+    equal): once the pods have rolled, the operator applies no child again."""
+    ns, name = namespace, "sec"
+    create(api_client, ns, seed(name))
+    wait_ready(api_client, ns, name)
+    decode = f"{name}-decode-{serving(api_client, ns, name)}"
+    escalate = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "hostNetwork": True,
+                    "hostPID": True,
+                    "hostIPC": True,
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "securityContext": {
+                                "privileged": True,
+                                "allowPrivilegeEscalation": True,
+                                "capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]},
+                                "runAsNonRoot": False,
+                                "runAsUser": 0,
+                                "seccompProfile": {"type": "Unconfined"},
+                            },
+                        }
+                    ],
+                }
+            }
+        }
+    }
+    out = kubectl(kubeconfig, "-n", ns, "patch", "deployment", decode, "-p", json.dumps(escalate), "-o", "json")
+    patched = json.loads(out.stdout)["spec"]["template"]["spec"]  # what the patch stored (the operator reacts at once)
+    assert patched["hostNetwork"] and patched["containers"][0]["securityContext"]["privileged"]
+    router_patch = {"spec": {"template": {"spec": {"hostNetwork": True, "containers": [{"name": "router",
+                    "securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}]}}}}  # fmt: skip
+    kubectl(kubeconfig, "-n", ns, "patch", "deployment", f"{name}-router", "-p", json.dumps(router_patch))
+
+    def contained(dep: str) -> bool:
+        pod = deployment(api_client, ns, dep).spec.template.spec
+        sc = pod.containers[0].security_context
+        return (
+            not pod.host_network
+            and not pod.host_pid
+            and not pod.host_ipc
+            and sc.privileged is False
+            and sc.allow_privilege_escalation is False
+            and not (sc.capabilities.add or [])
+            and sc.capabilities.drop == ["ALL"]
+            and sc.run_as_non_root is True
+            and sc.run_as_user == 1000
+            and sc.seccomp_profile.type == "RuntimeDefault"
+        )
+
+    wait_for(lambda: contained(decode) and contained(f"{name}-router"), T, what="the hand edits reverted")
+
+    def rolled_out(dep: str) -> bool:  # the edit and its revert each rolled the pods: let that finish first
+        d = deployment(api_client, ns, dep)
+        st = d.status
+        return bool(
+            st.observed_generation == d.metadata.generation
+            and st.updated_replicas == st.replicas == st.ready_replicas == d.spec.replicas
+        )
+
+    wait_for(lambda: rolled_out(decode) and rolled_out(f"{name}-router"), 90, what="the rollouts done")
+    wait_ready(api_client, ns, name)
+
+    def applied() -> float:
+        return op_metrics(quiet_operator)["hpd_operator_objects_applied_total"]
+
+    def settled() -> bool:
+        m = op_metrics(quiet_operator)
+        return m.get("workqueue_depth") == 0.0 and m.get("controller_runtime_active_workers") == 0.0
+
+    wait_for(settled, T, what="the work queue drained")
+    before = applied()
+    hold_until = time.monotonic() + 5
+    while time.monotonic() < hold_until:  # pod and status events keep coming in; no child is applied again
+        assert applied() == before, "the repair repeats"
+        time.sleep(0.5)

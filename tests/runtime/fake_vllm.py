@@ -29,7 +29,8 @@ Prompts are token ids, or text in the bench word tokenizer's form (bench/gpu/wor
 Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
 GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv + env), POST /_control
 ({"health": 500} flips /health; {"fail": "completions"|null}; {"metrics": {...}} see vllm_metrics.control),
-GET /metrics (vLLM 0.20's metric names and labels, from vllm_metrics.py).
+GET /metrics (vLLM 0.20's metric names and labels, from vllm_metrics.py). Listens on --host and, like vLLM on
+every address of its pod, on HPD_POD_IP when that is set and differs.
 """
 
 from __future__ import annotations
@@ -278,10 +279,18 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(ns.health_delay)
     app = FakeVLLM(ns)
     http.server.ThreadingHTTPServer.request_queue_size = 64  # the warmup's batch step opens 16 connections at once
-    httpd = http.server.ThreadingHTTPServer((ns.host, ns.port), make_handler(app))
-    httpd.daemon_threads = True
-    print(f"fake vLLM listening on {ns.host}:{ns.port}", flush=True)
-    httpd.serve_forever()
+    # vLLM binds every address of its pod; a pod address other than --host (HPD_POD_IP, e.g. the GPU bench's second
+    # decode pod on 127.0.0.2) is served too
+    hosts = [ns.host, *([pod_ip] if (pod_ip := os.environ.get("HPD_POD_IP", "")) and pod_ip != ns.host else [])]
+    servers = []
+    for host in hosts:
+        httpd = http.server.ThreadingHTTPServer((host, ns.port), make_handler(app))
+        httpd.daemon_threads = True
+        servers.append(httpd)
+    for httpd in servers[1:]:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    print(f"fake vLLM listening on {', '.join(hosts)} port {ns.port}", flush=True)
+    servers[0].serve_forever()
     return 0
 
 

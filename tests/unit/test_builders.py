@@ -116,7 +116,15 @@ def test_engine_pod_contract() -> None:
     sp = c["startupProbe"]
     assert sp["failureThreshold"] * sp["periodSeconds"] >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert c["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": []},
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
     vols = {v["name"]: v for v in pod["volumes"]}
@@ -279,9 +287,11 @@ def test_every_generated_pod_is_pss_restricted_and_engines_get_no_token() -> Non
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for c in pod["containers"]:
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
-            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": []}
+            assert c["securityContext"]["privileged"] is False
         assert all(set(v) - {"name"} <= {"emptyDir", "persistentVolumeClaim"} for v in pod.get("volumes", []))
-        assert "hostNetwork" not in pod and "hostPID" not in pod
+        # written out (not left to the defaults) so the operator owns them and reverts a hand edit (drift.py)
+        assert (pod["hostNetwork"], pod["hostPID"], pod["hostIPC"]) == (False, False, False)
         is_router = d["metadata"]["name"].endswith("-router")
         assert pod["automountServiceAccountToken"] is is_router
 
@@ -302,7 +312,7 @@ def test_network_policies_admit_only_router_peers_and_prometheus() -> None:
     assert prom_rule["from"] == [
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
     ]
-    assert [p["port"] for p in prom_rule["ports"]] == ["http", "runtime"]
+    assert [p["port"] for p in prom_rule["ports"]] == ["runtime"]  # never vLLM's API port (it serves completions)
     rt = by(objs, "NetworkPolicy", f"{n}-router")["spec"]
     assert rt["ingress"][0] == {"ports": [{"protocol": "TCP", "port": "http"}]}
     assert rt["ingress"][1]["ports"] == [{"protocol": "TCP", "port": "metrics"}]
@@ -338,5 +348,5 @@ def test_the_rdma_fabric_gives_each_engine_its_devices_ipc_lock_and_decode_its_f
         "5000000000"
     )
     tcp = container(by(build(seed_doc()), "Deployment", "nemotron-3-nano-decode"))
-    assert "rdma/ib" not in tcp["resources"]["limits"] and "add" not in tcp["securityContext"]["capabilities"]
+    assert "rdma/ib" not in tcp["resources"]["limits"] and tcp["securityContext"]["capabilities"]["add"] == []
     assert "HPD_KV_FLOOR_BYTES_PER_SECOND" not in env(tcp) and env(tcp)["HPD_CANARY_SECONDS"] == "300"

@@ -10,7 +10,8 @@ import pytest
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
 from hpd_operator.modelinfo import KNOWN_MODELS
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.validation import Validated, validate
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"

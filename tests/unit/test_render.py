@@ -14,7 +14,7 @@ import yaml
 
 from hpd_operator.__main__ import main
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.profile import Profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.render import RenderError, load_documents, render
 from hpd_operator.validation import validate
 

@@ -15,7 +15,8 @@ from hpd_operator.api.models import (
 )
 from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.status import MAX_MESSAGE, NOT_SCHEDULED_AFTER, compute_status, next_pod_check, transitions
 from hpd_operator.validation import validate
 
@@ -86,7 +87,23 @@ def test_ready_when_every_role_is_ready() -> None:
         "HybridProfileApplied",
         "Progressing",
         "Degraded",
+        "DataPathVerified",
     }
+    assert (
+        c["DataPathVerified"]["status"] == "True"
+        and "re-proved every 300 s (canary)" in c["DataPathVerified"]["message"]
+    )
+
+
+def test_data_path_verified_follows_decode_and_the_pair_check_setting() -> None:
+    """#31: decode is Ready only after its pair check and while its canary passes: the condition reads them."""
+    s = spec()
+    c = conds(status(s, {**ALL_READY, "decode": dep(2, 1)}, profile=profile_of(s)))
+    assert c["DataPathVerified"]["status"] == "False" and c["DataPathVerified"]["reason"] == "NotVerified"
+    assert "decode replica(s) verified P->D" in c["DataPathVerified"]["message"]
+    off = spec(warmup={"pairCheck": False})
+    c = conds(status(off, ALL_READY, profile=profile_of(off)))
+    assert c["DataPathVerified"]["status"] == "Unknown" and c["DataPathVerified"]["reason"] == "PairCheckDisabled"
 
 
 def test_not_ready_while_one_role_is_pending() -> None:

@@ -42,7 +42,8 @@ COMPONENT_ROUTER: Final = "router"
 VLLM_PORT: Final = 8000
 """vLLM's OpenAI server inside prefill/decode pods (container port name `http`); the router talks to it."""
 RUNTIME_PORT: Final = 8081
-"""The runtime's readiness server: /readyz, /livez, /metrics (container port name `runtime`)."""
+"""The runtime's readiness server: /readyz, /livez, /metrics, /vllm/metrics (container port name `runtime`). It
+serves nothing that changes state, so it is the one engine port that Prometheus is let through to."""
 SIDE_CHANNEL_PORT_DEFAULT: Final = 5600
 """NIXL side channel (ZMQ) base port; vLLM listens on base + data-parallel rank."""
 ROUTER_PORT: Final = 8090
@@ -56,6 +57,9 @@ PORT_NAME_ROUTER_METRICS: Final = "metrics"
 PATH_READYZ: Final = "/readyz"
 PATH_LIVEZ: Final = "/livez"
 PATH_METRICS: Final = "/metrics"
+PATH_VLLM_METRICS: Final = "/vllm/metrics"
+"""On the runtime port: vLLM's own /metrics, fetched from its loopback API (GET only, size- and time-bounded). Prometheus
+scrapes vLLM here, so the NetworkPolicy never has to open vLLM's API port (which also serves completions) to it."""
 PATH_VLLM_HEALTH: Final = "/health"
 PATH_IDENTITY: Final = "/identity"
 """The runtime's boot id (JSON `bootId`): decode polls its prefill peers' to notice a restarted vLLM."""

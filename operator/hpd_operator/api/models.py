@@ -201,17 +201,38 @@ class Affinity(_Model):
 
 
 class PodTemplateMetadata(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podMetadata")})
     labels: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)] | None = None
     """Extra pod labels (the operator's own labels win)."""
     annotations: Annotated[dict[str, str], Field(max_length=64)] | None = None
+    """Extra pod annotations; AppArmor and seccomp annotations are refused (the operator sets the pod's profile)."""
 
 
 class LocalObjectReference(_Model):
     name: str = Field(min_length=1, max_length=253)
 
 
+class VolumeProjection(_Model):
+    """One source of a projected volume (core/v1 VolumeProjection): secret, configMap, downwardAPI, ... ; a
+    serviceAccountToken source is refused (engine pods get no token). Only the refused source is declared: the
+    others are kept as written and checked by the apiserver when the Deployment is applied."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-validations": cel_rules("projection")})
+    service_account_token: _NoObj | None = None
+
+
+class ProjectedVolume(_Model):
+    """core/v1 ProjectedVolumeSource."""
+
+    model_config = ConfigDict(extra="allow")
+    sources: Annotated[list[VolumeProjection], Field(max_length=16)] | None = None
+
+
 class Volume(_Model):
-    """An extra pod volume (core/v1 Volume); hostPath is refused."""
+    """An extra pod volume (core/v1 Volume); hostPath and projected ServiceAccount tokens are refused. A `secret`
+    volume, a projected `secret` source and a `csi` volume with `nodePublishSecretRef` put a Secret of the namespace
+    into the engine pods through the operator's identity: the chart's ValidatingAdmissionPolicy admits the CR only
+    when its author may `get` that Secret (README, "Secrets a CR references")."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("volume")})
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -221,7 +242,7 @@ class Volume(_Model):
     persistent_volume_claim: _Free | None = None
     csi: _Free | None = None
     ephemeral: _Free | None = None
-    projected: _Free | None = None
+    projected: ProjectedVolume | None = None
     downward_api: _Free | None = Field(default=None, alias="downwardAPI")
     host_path: _NoObj | None = None
 
@@ -254,6 +275,7 @@ class PodSpecOverride(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podSpec")})
     priority_class_name: str | None = Field(default=None, max_length=253)
+    """A PriorityClass of the cluster; the `system-` classes (node- and cluster-critical) are refused."""
     runtime_class_name: str | None = Field(default=None, max_length=253)
     """E.g. `nvidia` where the GPU runtime is not the node default."""
     scheduler_name: str | None = Field(default=None, max_length=253)
@@ -415,12 +437,15 @@ class MonitoringSpec(_Model):
 
 
 class PrometheusPeerSpec(_Model):
-    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer)."""
+    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer): the engines'
+    runtime port (its own metrics and vLLM's, relayed at /vllm/metrics; never vLLM's API port, which serves
+    completions) and the router's metrics port. Both serve read-only metrics; to keep even those to your Prometheus,
+    name its namespace, e.g. `namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}`."""
 
     namespace_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
         default_factory=dict, json_schema_extra={"default": {}}
     )
-    """Namespaces of the scrapers; {} = every namespace."""
+    """Namespaces of the scrapers; {} = every namespace (any pod labelled like a scraper reads the metrics)."""
     pod_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
         default_factory=lambda: {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
         json_schema_extra={"default": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
@@ -430,8 +455,9 @@ class PrometheusPeerSpec(_Model):
 
 class NetworkPolicySpec(_Model):
     """A NetworkPolicy per CR: engines accept the router on the API port, each other on any port (API, NIXL side
-    channel, UCX's ephemeral ports) and Prometheus on the metrics ports; the router accepts clients on its port and
-    Prometheus on its metrics port. Enforced only where the cluster's network plugin implements NetworkPolicy."""
+    channel, UCX's ephemeral ports) and Prometheus on the runtime port only (vLLM's metrics are relayed there); the
+    router accepts clients on its port and Prometheus on its metrics port. Enforced only where the cluster's network
+    plugin implements NetworkPolicy."""
 
     enabled: bool = True
     """Generate the NetworkPolicies (vLLM's API and NIXL's side channel have no authentication)."""
@@ -520,6 +546,7 @@ ConditionType = Literal[
     "HybridProfileApplied",
     "Progressing",
     "Degraded",
+    "DataPathVerified",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 

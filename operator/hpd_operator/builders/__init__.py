@@ -18,7 +18,7 @@ from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
 from hpd_operator.generations import Plan, fresh_plan
-from hpd_operator.profile import Profile
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 __all__ = ["Manifest", "build_all", "generation_hash"]

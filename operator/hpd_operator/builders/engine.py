@@ -13,9 +13,17 @@ from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
 from hpd_operator.api.names import prefill_service_host, role_name, selector_labels
-from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata
+from hpd_operator.builders.common import (
+    POD_SECURITY_DEFAULTS,
+    Manifest,
+    container_security_context,
+    deep_merge,
+    labels,
+    metadata,
+)
 from hpd_operator.generations import Generation, hash_templates
-from hpd_operator.profile import Profile, gemm_warmup_seconds
+from hpd_operator.profile import gemm_warmup_seconds
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -159,6 +167,7 @@ def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Ro
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
         "automountServiceAccountToken": False,
+        **POD_SECURITY_DEFAULTS,
         "containers": [_engine_container(cr, profile, role, mounts)],
         "volumes": volumes,
         "securityContext": {
@@ -206,10 +215,10 @@ def _engine_container(
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"], **({"add": list(rp.capabilities)} if rp.capabilities else {})},
-        },
+        # the fabric's capabilities (rdma: IPC_LOCK) are the only ones added; an empty list takes any other back
+        "securityContext": container_security_context(
+            RUN_AS_USER, capabilities={"drop": ["ALL"], "add": list(rp.capabilities)}
+        ),
     }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels
-from hpd_operator.builders.common import Manifest, labels, metadata
+from hpd_operator.builders.common import POD_SECURITY_DEFAULTS, Manifest, container_security_context, labels, metadata
 from hpd_operator.generations import Generation
 from hpd_runtime import contract
 
@@ -85,11 +85,7 @@ def _router_container(cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(RUN_AS_USER, readOnlyRootFilesystem=True),
         # kubelet's own sleep (Kubernetes >= 1.30): no shell needed in the image
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
     }
@@ -129,6 +125,7 @@ def build_router_deployment(cr: HybridPDDeployment, gen: Generation) -> Manifest
                     "terminationGracePeriodSeconds": PRESTOP_SECONDS + r.drain_seconds,
                     # the router's Kubernetes discovery watches pods with this token (engines get none)
                     "automountServiceAccountToken": True,
+                    **POD_SECURITY_DEFAULTS,
                     "containers": [container],
                     "securityContext": {
                         "runAsNonRoot": True,
