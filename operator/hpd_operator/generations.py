@@ -158,6 +158,9 @@ class Plan:
     """Generations whose children stay (desired, route, and those router pods still select)."""
     latest: int
     """The highest generation number assigned so far (status.rollout.latestGeneration)."""
+    served: frozenset[str] = frozenset()
+    """Generations that took traffic with every desired replica Ready at least once (status.rollout.generations[]
+    .served): they are protected even while they are down for a moment."""
 
     @property
     def rolling(self) -> bool:
@@ -170,29 +173,48 @@ def fresh_plan(desired_hash: str) -> Plan:
     return Plan(desired=gen, route=gen, keep=frozenset({desired_hash}), latest=1)
 
 
-def plan_rollout(desired_hash: str, live: Live, ready: Mapping[str, bool], latest: int = 0) -> Plan:
+def plan_rollout(
+    desired_hash: str,
+    live: Live,
+    ready: Mapping[str, bool],
+    latest: int = 0,
+    *,
+    answering: Mapping[str, bool] | None = None,
+    served: Iterable[str] = (),
+) -> Plan:
     """Which generation the spec wants, which one the router selects, which ones stay (see the module doc).
 
     `ready`: generation hash -> every desired replica of both roles Ready (status.generation_ready decides it).
-    `latest`: the highest number the CR's status recorded, so numbers never repeat after a generation is gone."""
+    `answering`: generation hash -> at least one Ready pod of each role (it can answer a request now).
+    `latest`: the highest number the CR's status recorded, so numbers never repeat after a generation is gone.
+    `served`: the generations the status recorded as having served.
+
+    Only a generation that serves or served is protected (kept until the new one is Ready, and its draining
+    router pods waited for): one that never became Ready and cannot answer now (a first deploy with bad flags) holds
+    GPUs for nothing, so a new spec replaces it at once instead of waiting for room beside it."""
     top = max(latest, live.latest_number())
     existing = live.generations.get(desired_hash)
     number = existing.number if existing is not None and existing.number is not None else top + 1
     desired = Generation(desired_hash, number)
-    route = _route(desired, live, ready)
-    keep = {desired.hash, route.hash} | (live.routed_by_pods & set(live.generations))
-    return Plan(desired=desired, route=route, keep=frozenset(keep), latest=max(top, number))
+    target = live.router_target
+    has_served = {h for h in served if h in live.generations}
+    if target is not None and ready.get(target):
+        has_served.add(target)  # the router routes to it and it is Ready: it serves
+    protected = has_served | {h for h in live.generations if ready.get(h) or (answering or {}).get(h)}
+    route = _route(desired, live, ready, protected)
+    keep = {desired.hash, route.hash} | (live.routed_by_pods & protected)
+    return Plan(desired, route, frozenset(keep), max(top, number), frozenset(has_served))
 
 
-def _route(desired: Generation, live: Live, ready: Mapping[str, bool]) -> Generation:
+def _route(desired: Generation, live: Live, ready: Mapping[str, bool], protected: set[str]) -> Generation:
     if ready.get(desired.hash):
         return desired  # the new generation proved itself: traffic moves (or stays) there
     current = live.generations.get(live.router_target or "")
-    if current is not None:
+    if current is not None and (current.hash in protected or current.hash == desired.hash):
         return _identity(current, desired)  # keep serving what serves until the new one is Ready
-    # No router, or it selects a generation that is gone (deleted by hand, or an operator from before generations):
-    # the newest Ready generation, else the desired one.
-    standing = [g for h, g in live.generations.items() if ready.get(h) and h != desired.hash]
+    # No router, one that selects a generation that is gone (deleted by hand, or an operator from before
+    # generations) or one that never served: the newest protected generation, else the desired one.
+    standing = [g for h, g in live.generations.items() if h in protected and h != desired.hash]
     if standing:
         return _identity(max(standing, key=lambda g: g.number or 0), desired)
     return desired
@@ -245,7 +267,7 @@ def rollout_transitions(
     for h, g in before.items():
         if h in after:
             continue
-        if g.get("state") in ("Serving", "Draining"):
+        if g.get("served"):
             out.append(("Normal", str(Reason.GENERATION_REMOVED), f"{_gen(previous, h)} drained and was removed"))
         else:
             why = "the spec went back to it" if h != target and target == serving else "the spec moved on"
@@ -266,7 +288,7 @@ def _gen(rollout: Mapping[str, Any], h: str | None) -> str:
     return f"generation {h}"
 
 
-def hold_plan(live: Live) -> Plan | None:
+def hold_plan(live: Live, served: Iterable[str] = ()) -> Plan | None:
     """The plan when the spec cannot be built (invalid): nothing moves. The router's generation (else the newest) is
     reported as serving, the newest one as the target (the last valid spec's). None when no generation runs."""
     if not live.generations:
@@ -274,4 +296,5 @@ def hold_plan(live: Live) -> Plan | None:
     newest = max(live.generations.values(), key=lambda g: g.number or 0)
     current = live.generations.get(live.router_target or "") or newest
     route, desired = Generation(current.hash, current.number or 0), Generation(newest.hash, newest.number or 0)
-    return Plan(desired=desired, route=route, keep=frozenset(live.generations), latest=live.latest_number())
+    known = frozenset(set(served) & set(live.generations))
+    return Plan(desired, route, frozenset(live.generations), live.latest_number(), known)

@@ -74,7 +74,14 @@ from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
 from hpd_operator.profile_model import Profile
-from hpd_operator.status import compute_status, generation_desired, generation_ready, next_pod_check, transitions
+from hpd_operator.status import (
+    compute_status,
+    generation_answering,
+    generation_desired,
+    generation_ready,
+    next_pod_check,
+    transitions,
+)
 from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
@@ -372,9 +379,19 @@ def plan(run: Run) -> generations.Plan:
         run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
     )
     nodes, now, spec = run.cache.nodes, report.now(), run.cr.spec
-    ready = {h: generation_ready(g, generation_desired(spec, g, want), nodes, now) for h, g in live.generations.items()}
-    latest = ((run.body.get("status") or {}).get("rollout") or {}).get("latestGeneration")
-    return generations.plan_rollout(want, live, ready, int(latest or 0))
+    ready, answering = {}, {}
+    for h, g in live.generations.items():
+        desired = generation_desired(spec, g, want)
+        ready[h], answering[h] = generation_ready(g, desired, nodes, now), generation_answering(g, desired, nodes, now)
+    latest = int(((run.body.get("status") or {}).get("rollout") or {}).get("latestGeneration") or 0)
+    served = served_generations(run.body)
+    return generations.plan_rollout(want, live, ready, latest, answering=answering, served=served)
+
+
+def served_generations(body: Mapping[str, Any]) -> list[str]:
+    """The generations the CR's status recorded as having served."""
+    stored = (body.get("status") or {}).get("rollout") or {}
+    return [str(g.get("hash")) for g in stored.get("generations") or [] if g.get("served")]
 
 
 def build(run: Run) -> None:
@@ -621,7 +638,7 @@ def observe(run: Run) -> None:
     engines (the one the router routes to stands for the engines), their pods and why they are not Ready."""
     children, pods = run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance)
     live = generations.observe(children, pods, run.uid)
-    plan = run.plan or generations.hold_plan(live)  # an invalid spec moves nothing: report what serves
+    plan = run.plan or generations.hold_plan(live, served_generations(run.body))  # an invalid spec moves nothing
     run.observed = report.observe_deployments(children, run.name, run.uid, plan.route.hash if plan else None)
     run.pods = report.observe_pods(pods)
     run.nodes = run.cache.nodes

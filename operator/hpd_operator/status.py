@@ -363,6 +363,13 @@ def generation_ready(
     return all(s.ready_all for s in generation_states(g, desired, nodes, now).values())
 
 
+def generation_answering(
+    g: LiveGeneration, desired: Mapping[str, int], nodes: Collection[str] | None = None, now: str | None = None
+) -> bool:
+    """At least one Ready pod of each role: the generation can answer a request now (vllm-router's readiness)."""
+    return all(s.ready > 0 for s in generation_states(g, desired, nodes, now).values())
+
+
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -515,7 +522,7 @@ class _Generations:
             state = "Blocked" if self.target_problems() else "Starting"
         else:
             state = "Draining"
-        out: dict[str, Any] = {"number": self.number(h), "hash": h, "state": state}
+        out: dict[str, Any] = {"number": self.number(h), "hash": h, "state": state, "served": h in self.plan.served}
         out.update({r: f"{t[r].ready}/{t[r].desired}" for r in contract.ROLES})
         why = [_problem_text(t[r].problems) for r in contract.ROLES if t[r].problems]
         why += [d for r in contract.ROLES if not t[r].ready_all and (d := self.view.details.get((h, r)))]

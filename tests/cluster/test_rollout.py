@@ -318,3 +318,40 @@ def probe_event(api: client.ApiClient, ns: str, pod: client.V1Pod, message: str)
             first_timestamp=now, last_timestamp=now, count=1,
         ),
     )  # fmt: skip
+
+
+def test_a_first_generation_that_never_served_is_replaced_at_once_when_there_is_no_room_for_two(
+    operator: Operator, api_client: client.ApiClient, namespace: str
+) -> None:
+    """A first deploy whose decode never passes its pair check holds GPUs for nothing: the fixed spec's generation
+    replaces it at once (on a node with room for one generation only), instead of waiting for room beside it."""
+    ns, name, api = namespace, "fix", api_client
+    node = ManualNode(api, gpus=8).start()  # one generation takes 6 GPUs
+    try:
+        doc = seed(name)
+        doc["spec"]["decode"]["replicas"] = DECODE
+        doc["spec"]["blockSize"] = 128
+        place(doc["spec"], node.pool)
+        create(api, ns, doc)
+        cr = wait_cr(api, ns, name, lambda c: bool((c.get("status", {}).get("rollout") or {}).get("targetHash")), "g")
+        g1 = str(cr["status"]["rollout"]["targetHash"])
+        make_ready(node, g1, "prefill", PREFILL)  # its decodes never pass their pair check
+        wait_for(lambda: len(engine_pods(node, g1, "decode")) == DECODE, T, what="generation 1's decodes")
+        cr = wait_cr(api, ns, name, lambda c: c["status"]["rollout"]["generations"][0]["decode"] == "0/2", "0/2")
+        assert cond(cr, "Ready")["status"] == "False" and not cr["status"]["rollout"]["generations"][0]["served"]
+
+        patch_spec(api, ns, name, {"blockSize": None})
+        g2 = new_generation(api, ns, name, g1)
+        wait_for(lambda: router_generation(api, ns, name) == g2, T, what="the router on generation 2 at once")
+        wait_for(lambda: not node.pods(**{GEN: g1}), T, what="generation 1 gone, its GPUs free")
+        make_ready(node, g2, "prefill", PREFILL)
+        make_ready(node, g2, "decode", DECODE)
+        cr = wait_ready(api, ns, name)
+        ro = cr["status"]["rollout"]
+        assert (ro["state"], ro["servingGeneration"], ro["servingHash"]) == ("Complete", 2, g2)
+        assert [g["served"] for g in ro["generations"]] == [True]
+        wait_for(lambda: reasons(api, ns, name).count("GenerationCancelled") == 1, T, what="GenerationCancelled")
+        assert "GenerationRemoved" not in reasons(api, ns, name)
+    finally:
+        node.stop()
+    assert not node.errors, node.errors

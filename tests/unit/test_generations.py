@@ -171,6 +171,7 @@ def live(*gens: tuple[str, int], route: str | None = None, router_pods: tuple[st
 def test_a_new_generation_waits_until_ready_then_takes_the_traffic() -> None:
     now = live(("aaaa0001", 1), ("bbbb0002", 2), route="aaaa0001", router_pods=("aaaa0001",))
     waiting = plan_rollout("bbbb0002", now, {"aaaa0001": True, "bbbb0002": False})
+    assert waiting.served == {"aaaa0001"}  # routed and Ready: it serves
     assert (waiting.desired, waiting.route) == (Generation("bbbb0002", 2), Generation("aaaa0001", 1))
     assert waiting.keep == {"aaaa0001", "bbbb0002"} and waiting.rolling
     switched = plan_rollout("bbbb0002", now, {"aaaa0001": True, "bbbb0002": True})
@@ -178,6 +179,22 @@ def test_a_new_generation_waits_until_ready_then_takes_the_traffic() -> None:
     assert switched.keep == {"aaaa0001", "bbbb0002"}  # an old router pod still selects aaaa0001: it drains
     drained = plan_rollout("bbbb0002", live(("aaaa0001", 1), ("bbbb0002", 2), route="bbbb0002"), {"bbbb0002": True})
     assert drained.keep == {"bbbb0002"}
+
+
+def test_a_generation_that_served_is_protected_even_while_it_is_down_for_a_moment() -> None:
+    now = live(("aaaa0001", 1), ("bbbb0002", 2), route="aaaa0001", router_pods=("aaaa0001",))
+    blip = plan_rollout("bbbb0002", now, {}, served=["aaaa0001"])  # its decode restarts; the new one is not Ready
+    assert blip.route.hash == "aaaa0001" and blip.keep == {"aaaa0001", "bbbb0002"}
+    partly = plan_rollout("bbbb0002", now, {}, answering={"aaaa0001": True})  # never all Ready, but it answers
+    assert partly.route.hash == "aaaa0001" and "aaaa0001" in partly.keep
+
+
+def test_a_generation_that_never_served_and_cannot_answer_is_replaced_at_once() -> None:
+    """A first deploy with bad flags: its decode never passed; a fixed spec must not wait for room beside it."""
+    now = live(("aaaa0001", 1), ("bbbb0002", 2), route="aaaa0001", router_pods=("aaaa0001",))
+    fix = plan_rollout("bbbb0002", now, {"aaaa0001": False, "bbbb0002": False}, answering={"aaaa0001": False})
+    assert fix.route == fix.desired == Generation("bbbb0002", 2) and fix.keep == {"bbbb0002"}
+    assert fix.served == frozenset()
 
 
 def test_a_new_generation_gets_the_next_number_and_numbers_are_never_reused() -> None:
@@ -239,7 +256,7 @@ A, B = "aaaa0001", "bbbb0002"
 READY = {"prefill": dep(1, 1), "decode": dep(1, 1)}
 STARTING = {"prefill": dep(1, 1), "decode": dep(1, 0)}
 ROUTER = {"router": dep(1, 1)}
-ROLLING = Plan(Generation(B, 2), Generation(A, 1), frozenset({A, B}), 2)
+ROLLING = Plan(Generation(B, 2), Generation(A, 1), frozenset({A, B}), 2, frozenset({A}))
 
 
 def test_while_the_new_generation_starts_the_old_one_is_what_is_ready_and_the_reason_is_shown() -> None:
@@ -276,7 +293,7 @@ def test_a_new_generation_without_room_is_blocked_and_says_how_many_gpus_it_need
 
 
 def test_after_the_switch_the_old_generation_drains_then_the_rollout_is_complete() -> None:
-    switched = Plan(Generation(B, 2), Generation(B, 2), frozenset({A, B}), 2)
+    switched = Plan(Generation(B, 2), Generation(B, 2), frozenset({A, B}), 2, frozenset({A, B}))
     st = status(spec(), ROUTER, rollout=view({A: (1, READY, []), B: (2, READY, [])}, switched))
     assert st["rollout"]["state"] == "Switching" and st["rollout"]["summary"] == "draining gen 1"
     assert conds(st)["Progressing"]["reason"] == "TrafficSwitching"
@@ -291,9 +308,9 @@ def test_after_the_switch_the_old_generation_drains_then_the_rollout_is_complete
 
 def test_one_event_per_rollout_transition() -> None:
     base = status(spec(), ROUTER, rollout=view({A: (1, READY, [])}, Plan(Generation(A, 1), Generation(A, 1),
-                                                                        frozenset({A}), 1)))["rollout"]  # fmt: skip
+                                                                        frozenset({A}), 1, frozenset({A}))))["rollout"]  # fmt: skip
     starting = status(spec(), ROUTER, rollout=view({A: (1, READY, []), B: (2, STARTING, [])}, ROLLING))["rollout"]
-    switched_plan = Plan(Generation(B, 2), Generation(B, 2), frozenset({A, B}), 2)
+    switched_plan = Plan(Generation(B, 2), Generation(B, 2), frozenset({A, B}), 2, frozenset({A, B}))
     switching = status(spec(), ROUTER, rollout=view({A: (1, READY, []), B: (2, READY, [])}, switched_plan))["rollout"]
     done = status(spec(), ROUTER, rollout=view({B: (2, READY, [])}, switched_plan))["rollout"]
     reverted = copy.deepcopy(base)

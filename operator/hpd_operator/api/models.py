@@ -618,6 +618,9 @@ class GenerationStatus(_Model):
     """Ready/desired decode replicas."""
     message: str | None = Field(default=None, max_length=4096)
     """Why it is not Ready (a probe's reason, the scheduler's message), when it is not."""
+    served: bool = False
+    """It took traffic with every desired replica Ready at least once. Only a generation that serves or served is
+    kept while a new one comes up; one that never did and cannot answer now is replaced at once."""
 
 
 class RolloutStatus(_Model):
