@@ -9,6 +9,12 @@ same tokenizer: a CR served with `--skip-tokenizer-init` cannot take those promp
 lengths are exact (no decode/encode drift) and every id of the model's vocabulary decodes (vLLM's detokenizer sees
 whatever the random weights generate). The vocabulary size is the model's (`vocab_size` in config.json).
 
+Why `<unk>` is written `<unk|chars-per-token-bound>`: vLLM (0.20 `renderers/params.py` `_text_len_check`) refuses a
+text prompt longer than `max_input_tokens * max_chars_per_token` characters before tokenizing it, where
+`max_chars_per_token` is the vocabulary's longest word. With words `tN` of up to 7 characters plus the joining space,
+an 8k-token prompt is ~8 characters per token and was refused (`your prompt contains 65535 characters (more than
+64505 ...)`). One long special word raises the bound to 25 characters per token; nothing samples or generates it.
+
     python3 bench/gpu/word_tokenizer.py DIR [VOCAB_SIZE]     # VOCAB_SIZE default: DIR/config.json's vocab_size
 """
 
@@ -18,7 +24,8 @@ import json
 import sys
 from pathlib import Path
 
-SPECIAL = ("<unk>", "<s>", "</s>")
+UNK = "<unk|chars-per-token-bound>"  # see the module docstring
+SPECIAL = (UNK, "<s>", "</s>")
 FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -43,14 +50,14 @@ def tokenizer_json(vocab_size: int) -> dict[str, object]:
         "pre_tokenizer": {"type": "WhitespaceSplit"},
         "post_processor": None,
         "decoder": None,  # tokenizers then joins the words with one space
-        "model": {"type": "WordLevel", "vocab": {word(i): i for i in range(vocab_size)}, "unk_token": "<unk>"},
+        "model": {"type": "WordLevel", "vocab": {word(i): i for i in range(vocab_size)}, "unk_token": UNK},
     }
 
 
 def tokenizer_config() -> dict[str, object]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "unk_token": "<unk>",
+        "unk_token": UNK,
         "bos_token": "<s>",
         "eos_token": "</s>",
         "model_max_length": 1_048_576,

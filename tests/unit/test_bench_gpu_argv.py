@@ -198,10 +198,15 @@ def test_word_tokenizer_files_and_encoding(tmp_path: Path) -> None:
     spec.loader.exec_module(word_tokenizer)
     word_tokenizer.write(tmp_path, 10)
     tok = json.loads((tmp_path / "tokenizer.json").read_text())
-    assert tok["model"]["vocab"] == {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 10)}}
-    assert [t["content"] for t in tok["added_tokens"] if t["special"]] == ["<unk>", "<s>", "</s>"]
+    unk = word_tokenizer.UNK
+    assert tok["model"]["vocab"] == {unk: 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 10)}}
+    assert [t["content"] for t in tok["added_tokens"] if t["special"]] == [unk, "<s>", "</s>"]
+    # vLLM refuses a text prompt over max_input_tokens * (the longest word) characters: with the real model's vocabulary
+    # a prompt of its longest ordinary words and their joining spaces must stay under that bound
+    longest = max(len(w) for w in word_tokenizer.tokenizer_json(131072)["model"]["vocab"])  # type: ignore[index]
+    assert longest >= len(" ".join([word_tokenizer.word(131071)] * 8192)) / 8192 * 1.5
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
-    assert word_tokenizer.encode("t5 t9  t3\nxyz </s>") == [5, 9, 3, 0, 2]
+    assert word_tokenizer.encode(f"t5 t9  t3\nxyz </s> {unk}") == [5, 9, 3, 0, 2, 0]
     with pytest.raises(ValueError):
         word_tokenizer.tokenizer_json(3)
 
