@@ -11,10 +11,11 @@ for v in 0.20.0 0.25.1; do
   test -d /tmp/vllm-site-$v && sites+=(--vllm-site "$v=/tmp/vllm-site-$v")
 done
 [[ ${#sites[@]} -gt 0 ]] || { echo STAGING-LOST; exit 3; }
-# vllm-router 0.1.17 imports setproctitle (a vLLM dependency, staged with 0.20.0)
+# vllm-router 0.1.17 imports setproctitle (a vLLM dependency) and uvicorn etc.: taken from the first staged version
+first=${sites[1]#*=}; stage=/tmp/stage-${first#/tmp/vllm-site-}
 test -d /tmp/router-site/setproctitle || python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/router-site \
-  .whl/*.whl /tmp/stage-0.20.0/setproctitle-*.whl
-export PYTHONPATH=/tmp/router-site:$PWD/images/runtime:/tmp/vllm-site-0.20.0 PYTHONUNBUFFERED=1  # the router imports uvicorn etc. from the 0.20 site
+  .whl/*.whl "$stage"/setproctitle-*.whl
+export PYTHONPATH=/tmp/router-site:$PWD/images/runtime:$first PYTHONUNBUFFERED=1
 plans=() extra=()
 for a in "$@"; do case "$a" in --*) extra+=("$a") ;; *) plans+=("$a") ;; esac; done
 lane() {  # lane NAME GPUS OFFSET PLAN
