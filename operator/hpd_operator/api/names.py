@@ -13,16 +13,20 @@ from hpd_runtime import contract
 
 MAX_NAME = 63
 """DNS-1035 label length: Service names, label values and (for simplicity) every child name."""
+MAX_GROUP_NAME = 47
+"""A LeaderWorkerSet's name: LWS names each group's worker StatefulSet `<name>-<group>`, and a StatefulSet's pods carry
+the label controller-revision-hash `<statefulset>-<hash of up to 10 chars>`, a label value of at most 63 chars:
+63 - 11 - len("-1023") (replicas <= 1024) = 47."""
 
 
-def short_name(base: str, suffix: str = "") -> str:
-    """`<base>-<suffix>` (or `<base>`), truncated with a short hash of the full name when over 63 chars."""
+def short_name(base: str, suffix: str = "", limit: int = MAX_NAME) -> str:
+    """`<base>-<suffix>` (or `<base>`), truncated with a short hash of the full name when over `limit` chars."""
     full = f"{base}-{suffix}" if suffix else base
-    if len(full) <= MAX_NAME:
+    if len(full) <= limit:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:8]
     tail = f"-{digest}-{suffix}" if suffix else f"-{digest}"
-    return base[: MAX_NAME - len(tail)].rstrip("-.") + tail
+    return base[: limit - len(tail)].rstrip("-.") + tail
 
 
 def instance_label(cr_name: str) -> str:
@@ -43,6 +47,21 @@ def selector_string(cr_name: str, component: str) -> str:
 def role_name(cr_name: str, role: str) -> str:
     """`<cr>-prefill` / `<cr>-decode`: the role's Deployment, headless Service and PodDisruptionBudget."""
     return short_name(cr_name, role)
+
+
+def group_name(cr_name: str, role: str) -> str:
+    """`<cr>-prefill` / `<cr>-decode` as a LeaderWorkerSet (a role whose replica spans nodes), at most
+    MAX_GROUP_NAME chars; its pods are `<name>-<group>` (leader) and `<name>-<group>-<index>` (workers)."""
+    return short_name(cr_name, role, MAX_GROUP_NAME)
+
+
+def serving_selector(cr_name: str, role: str, multi_node: bool) -> dict[str, str]:
+    """The pods of a role that serve vLLM's API (the router's discovery, the role's headless Service: decode's pair
+    check): every pod of a one-pod replica, the leaders of replicas that span nodes (workers serve no API)."""
+    out = selector_labels(cr_name, role)
+    if multi_node:
+        out[contract.LABEL_GROUP_ROLE] = contract.GROUP_LEADER
+    return out
 
 
 def router_name(cr_name: str) -> str:

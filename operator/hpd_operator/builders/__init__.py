@@ -9,6 +9,7 @@ from __future__ import annotations
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders.common import Manifest
 from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service
+from hpd_operator.builders.lws import build_engine_group
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
@@ -23,7 +24,8 @@ def build_all(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
     out: list[Manifest] = []
     for role in contract.ROLES:
         out.append(build_engine_service(cr, role))
-        out.append(build_engine_deployment(cr, profile, role))
+        multi_node = cr.spec.role(role).multi_node
+        out.append((build_engine_group if multi_node else build_engine_deployment)(cr, profile, role))
         pdb = build_engine_pdb(cr, role)
         if pdb is not None:
             out.append(pdb)

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.api.names import role_name, selector_labels
+from hpd_operator.api.names import role_name, selector_labels, serving_selector
 from hpd_operator.builders.common import (
     POD_SECURITY_DEFAULTS,
     Manifest,
@@ -94,15 +94,27 @@ def _exec_probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
-    name, ns, rs = cr.metadata.name, cr.metadata.namespace, cr.spec.role(role)
-    template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": _engine_pod_spec(cr, profile, role)}
+def engine_pod_template(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None = None
+) -> dict[str, Any]:
+    """The pod template of a role: of its Deployment, or (`group_role`) of the leader or the workers of its
+    LeaderWorkerSet, which differ only in the group-role label and env and the workers' `--headless`."""
+    name, rs = cr.metadata.name, cr.spec.role(role)
+    own = labels(name, role) | ({contract.LABEL_GROUP_ROLE: group_role} if group_role else {})
+    spec = _engine_pod_spec(cr, profile, role, group_role)
+    template: dict[str, Any] = {"metadata": {"labels": dict(own)}, "spec": spec}
     if rs.pod_template is not None:
         # Only the fields the PodTemplate model admits can be here (the operator-owned and host-level ones are
         # refused by the schema's CEL and again by validation.py), so the merge cannot replace command/args/probes.
         template = deep_merge(template, _plain(rs.pod_template))
         # Our labels win: the selector and the router's discovery depend on them.
-        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(name, role)}
+        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **own}
+    return template
+
+
+def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
+    name, ns, rs = cr.metadata.name, cr.metadata.namespace, cr.spec.role(role)
+    template = engine_pod_template(cr, profile, role)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -118,14 +130,16 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
     }
 
 
-def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
+def _engine_pod_spec(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None
+) -> dict[str, Any]:
     rs = cr.spec.role(role)
     volumes, mounts = _engine_volumes(cr)
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
         "automountServiceAccountToken": False,
         **POD_SECURITY_DEFAULTS,
-        "containers": [_engine_container(cr, profile, role, mounts)],
+        "containers": [_engine_container(cr, profile, role, mounts, group_role)],
         "volumes": volumes,
         "securityContext": {
             "runAsNonRoot": True,
@@ -147,17 +161,22 @@ def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Ro
 
 
 def _engine_container(
-    cr: HybridPDDeployment, profile: Profile, role: contract.Role, mounts: list[dict[str, Any]]
+    cr: HybridPDDeployment,
+    profile: Profile,
+    role: contract.Role,
+    mounts: list[dict[str, Any]],
+    group_role: contract.GroupRole | None = None,
 ) -> dict[str, Any]:
     spec = cr.spec
     rs, rp = spec.role(role), profile.role(role)
     startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
+    args = list(rp.args) + (list(rp.worker_args) if group_role == contract.GROUP_WORKER else [])
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "command": list(LAUNCH_COMMAND),
-        "args": list(rp.args),
-        "env": _engine_env(cr, profile, role),
+        "args": args,
+        "env": _engine_env(cr, profile, role, group_role),
         "ports": [
             {"name": contract.PORT_NAME_HTTP, "containerPort": contract.VLLM_PORT, "protocol": "TCP"},
             {"name": contract.PORT_NAME_RUNTIME, "containerPort": contract.RUNTIME_PORT, "protocol": "TCP"},
@@ -167,7 +186,7 @@ def _engine_container(
                 "protocol": "TCP",
             },
         ],
-        "resources": _resources(rs.resources, rs.tensor_parallel_size, rp.devices),
+        "resources": _resources(rs.resources, rp.gpus_per_pod, rp.devices),
         "volumeMounts": mounts,
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
@@ -179,9 +198,13 @@ def _engine_container(
     }
 
 
-def _engine_env(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> list[dict[str, Any]]:
-    """The profile's env (every HPD_* entry comes from it), then the Hugging Face token."""
+def _engine_env(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None = None
+) -> list[dict[str, Any]]:
+    """The profile's env (every HPD_* entry comes from it), a group member's role, then the Hugging Face token."""
     env: list[dict[str, Any]] = profile.role(role).env_k8s()
+    if group_role is not None:
+        env.append({"name": contract.ENV_GROUP_ROLE, "value": group_role})
     src = cr.spec.model.source
     hf = src.huggingface if src is not None else None
     if hf is not None and hf.token_secret_ref is not None:
@@ -215,7 +238,8 @@ def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[
 
 
 def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifest:
-    """Headless: DNS lists only Ready pods (publishNotReadyAddresses false); the decode pair check relies on it."""
+    """Headless: DNS lists only Ready pods (publishNotReadyAddresses false); the decode pair check relies on it. Of a
+    role whose replicas span nodes, only the leaders (the pods that serve vLLM's API)."""
     name, ns = cr.metadata.name, cr.metadata.namespace
     return {
         "apiVersion": "v1",
@@ -224,7 +248,7 @@ def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifes
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": False,
-            "selector": selector_labels(name, role),
+            "selector": serving_selector(name, role, cr.spec.role(role).multi_node),
             "ports": [
                 {
                     "name": contract.PORT_NAME_HTTP,

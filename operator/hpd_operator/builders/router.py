@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels
+from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels, serving_selector
 from hpd_operator.builders.common import POD_SECURITY_DEFAULTS, Manifest, container_security_context, labels, metadata
 from hpd_runtime import contract
 
@@ -14,13 +14,15 @@ COMMAND = ["vllm-router"]
 RUN_AS_USER = 1000
 
 
-def _selector_args(cr_name: str, role: str) -> list[str]:
-    return [f"{k}={v}" for k, v in selector_labels(cr_name, role).items()]
+def _selector_args(cr: HybridPDDeployment, role: contract.Role) -> list[str]:
+    """The pods that serve a role's API: every pod, or the leaders of replicas that span nodes."""
+    sel = serving_selector(cr.metadata.name, role, cr.spec.role(role).multi_node)
+    return [f"{k}={v}" for k, v in sel.items()]
 
 
 def router_args(cr: HybridPDDeployment) -> list[str]:
     """vllm-router 0.1.17 flags (read from `vllm-router --help` of the wheel)."""
-    name, ns = cr.metadata.name, cr.metadata.namespace
+    ns = cr.metadata.namespace
     args = [
         "--host",
         "0.0.0.0",
@@ -36,9 +38,9 @@ def router_args(cr: HybridPDDeployment) -> list[str]:
         "--service-discovery-port",
         str(contract.VLLM_PORT),
         "--prefill-selector",
-        *_selector_args(name, "prefill"),
+        *_selector_args(cr, "prefill"),
         "--decode-selector",
-        *_selector_args(name, "decode"),
+        *_selector_args(cr, "decode"),
     ]
     if ns:
         args += ["--service-discovery-namespace", ns]
