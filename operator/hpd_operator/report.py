@@ -18,7 +18,7 @@ from kubernetes import client
 
 from hpd_operator import apply as k8s
 from hpd_operator import metrics
-from hpd_operator.api.names import component_names
+from hpd_operator.api.names import component_names, group_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
@@ -32,12 +32,22 @@ def now() -> str:
 # --- read ---------------------------------------------------------------------------------------------------------
 # The CRs, children, pods and nodes come from the watch cache (cache.py); these shape what it holds, or read what
 # no watch covers.
-def observe_deployments(children: Iterable[Mapping[str, Any]], name: str, uid: str) -> dict[str, dict[str, Any] | None]:
-    """Component -> its live Deployment, if this CR owns it (from the CR's cached children)."""
-    by_name = {
-        d["metadata"]["name"]: dict(d) for d in children if d.get("kind") == "Deployment" and k8s.owned_by(d, uid)
-    }
-    return {comp: by_name.get(n) for comp, n in component_names(name).items()}
+def observe_deployments(
+    children: Iterable[Mapping[str, Any]], name: str, uid: str, multi_node: Mapping[str, bool] | None = None
+) -> dict[str, dict[str, Any] | None]:
+    """Component -> its live Deployment, or for a role whose replicas span nodes its LeaderWorkerSet, if this CR owns
+    it (from the CR's cached children). `multi_node` (role -> spans nodes, from the spec) says which one counts while
+    both exist (a role that changed shape, before the old one is pruned); without it the LeaderWorkerSet does."""
+    owned = [d for d in children if k8s.owned_by(d, uid)]
+    deployments = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "Deployment"}
+    groups = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "LeaderWorkerSet"}
+    out: dict[str, dict[str, Any] | None] = {comp: deployments.get(n) for comp, n in component_names(name).items()}
+    for role in contract.ROLES:
+        group = groups.get(group_name(name, role))
+        wants_group = multi_node.get(role) if multi_node is not None else group is not None
+        if wants_group:
+            out[role] = group
+    return out
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -45,6 +45,17 @@ class RoleState:
     """The Deployment controller has observed the latest spec and its spec.replicas is what we want."""
     problems: tuple[tuple[Reason, str], ...] = ()
     """Why the role is failing: a stuck rollout, an unschedulable pod (scheduler's reason), a pod on a lost node."""
+    group_size: int = 1
+    """Pods per replica: > 1 for a role whose replicas span nodes (a LeaderWorkerSet; the counts are groups)."""
+
+    @property
+    def workload(self) -> str:
+        return "LeaderWorkerSet" if self.group_size > 1 else "Deployment"
+
+    @property
+    def unit(self) -> str:
+        """What the counts in a message count."""
+        return f"replicas (groups of {self.group_size} pods)" if self.group_size > 1 else "replicas"
 
     @property
     def ready_all(self) -> bool:
@@ -128,15 +139,29 @@ def pod_problems(
     return out, lost_ready
 
 
-def ready_count(st: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None) -> int:
-    """The Deployment's readyReplicas, but never more than the Ready pods seen (`pods` None: not observed). The
-    Deployment controller lowers its count only after a pod is gone: a status computed from the pod's delete event
-    in between would count the deleted pod as Ready (seen: Ready=True with no decode pod Ready after a node loss)."""
+def ready_count(st: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None, groups: bool = False) -> int:
+    """The Deployment's (LeaderWorkerSet's: `groups`) readyReplicas, but never more than the Ready pods (group
+    leaders) seen (`pods` None: not observed). The controller lowers its count only after a pod is gone: a status
+    computed from the pod's delete event in between would count the deleted pod as Ready (seen: Ready=True with no
+    decode pod Ready after a node loss)."""
     ready = int(st.get("readyReplicas") or 0)
     if pods is None:
         return ready
+    if groups:
+        pods = [p for p in pods if _labels(p).get(contract.LABEL_GROUP_ROLE) == contract.GROUP_LEADER]
     seen = sum(1 for p in pods if _pod_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp"))
     return min(ready, seen)
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def group_size(workload: Mapping[str, Any] | None) -> int:
+    """Pods per replica of a LeaderWorkerSet (1 for a Deployment or nothing)."""
+    if workload is None or workload.get("kind") != "LeaderWorkerSet":
+        return 1
+    return int(((workload.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
 
 
 def role_state(
@@ -145,21 +170,28 @@ def role_state(
     pods: Sequence[Mapping[str, Any]] | None = None,
     nodes: Collection[str] | None = None,
     now: str | None = None,
+    *,
+    expected_group_size: int = 1,
 ) -> RoleState:
+    """The role from its Deployment or LeaderWorkerSet (`deployment`; counts are then groups, not pods) and its
+    pods; `expected_group_size`: the spec's pods per replica, for a workload that does not exist yet."""
     problems, lost_ready = pod_problems(pods or (), nodes, now)
     if deployment is None:
-        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
+        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems), group_size=expected_group_size)
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
     caught_up = st.get("observedGeneration", 0) >= md.get("generation", 1) and sp.get("replicas", 1) == desired
+    size = group_size(deployment)
+    ready = max(ready_count(st, pods, groups=size > 1) - lost_ready, 0)
     return RoleState(
         desired=desired,
         replicas=int(st.get("replicas") or 0),
-        ready=max(ready_count(st, pods) - lost_ready, 0),
+        ready=ready,
         updated=int(st.get("updatedReplicas") or 0),
-        available=int(st.get("availableReplicas") or 0),
+        available=int(st.get("availableReplicas") or 0) if size == 1 else ready,
         exists=True,
         caught_up=caught_up,
         problems=tuple(_deployment_problems(st) + problems),
+        group_size=size,
     )
 
 
@@ -187,18 +219,18 @@ def _role_condition_plain(comp: str, s: RoleState) -> dict[str, str]:
     if not s.exists:
         if s.problems:
             return _cond(
-                name, False, s.problems[0][0], f"the {comp} Deployment does not exist; {_problem_text(s.problems)}"
+                name, False, s.problems[0][0], f"the {comp} {s.workload} does not exist; {_problem_text(s.problems)}"
             )
-        return _cond(name, False, Reason.MISSING, f"the {comp} Deployment does not exist yet")
+        return _cond(name, False, Reason.MISSING, f"the {comp} {s.workload} does not exist yet")
     if s.desired == 0:
         return _cond(name, True, Reason.SCALED_TO_ZERO, f"{comp} is scaled to 0 replicas")
     if s.ready_all:
         extra = f"; {_problem_text(s.problems)}" if s.problems else ""
-        return _cond(name, True, Reason.ALL_REPLICAS_READY, f"{s.ready}/{s.desired} {comp} replicas ready{extra}")
+        return _cond(name, True, Reason.ALL_REPLICAS_READY, f"{s.ready}/{s.desired} {comp} {s.unit} ready{extra}")
     if s.problems:
-        msg = f"{s.ready}/{s.desired} {comp} replicas ready; {_problem_text(s.problems)}"
+        msg = f"{s.ready}/{s.desired} {comp} {s.unit} ready; {_problem_text(s.problems)}"
         return _cond(name, False, s.problems[0][0], msg)
-    msg = f"{s.ready}/{s.desired} {comp} replicas ready, {s.updated} updated"
+    msg = f"{s.ready}/{s.desired} {comp} {s.unit} ready, {s.updated} updated"
     return _cond(name, False, Reason.REPLICAS_NOT_READY, msg)
 
 
@@ -274,13 +306,16 @@ def _states(
     out: dict[str, RoleState] = {}
     for comp in COMPONENTS:
         dep = observed.get(comp)
+        size = 1
         if spec is None:
             desired = int((dep or {}).get("spec", {}).get("replicas") or 0)
         elif comp == contract.COMPONENT_ROUTER:
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now)  # a component left out: pods not observed
+            size = spec.role(comp).nodes_per_replica  # type: ignore[arg-type]
+        # a component left out of `pods`: its pods were not observed
+        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now, expected_group_size=size)
     return out
 
 
