@@ -58,7 +58,9 @@ def test_wait_for_leader_reports_why_until_the_rendezvous_answers() -> None:
         "x-decode-0.x-decode-0.ns", 29501, threading.Event(), reports.append, connect=lambda h, p: next(answers), poll=0
     )
     assert ok and len(reports) == 2
-    assert reports[0].startswith("waiting for the group leader's rendezvous at x-decode-0.x-decode-0.ns:29501 (gaierror")
+    assert reports[0].startswith(
+        "waiting for the group leader's rendezvous at x-decode-0.x-decode-0.ns:29501 (gaierror"
+    )
 
 
 def test_wait_for_leader_stops_when_told() -> None:
