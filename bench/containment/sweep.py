@@ -268,13 +268,15 @@ def sweep(api: client.ApiClient, core: Any, apps: Any, co: Any, ns: str) -> dict
             if owners and inst and not crs[owners[0]].startswith(inst[:40]):
                 wrong.append(o.metadata.name)
 
-    # the sentinel's drift is still corrected
-    dep = apps.read_namespaced_deployment("sentinel-decode", ns)
+    # the sentinel's drift is still corrected (its decode Deployment: `sentinel-decode-<generation>`)
+    sel = f"{contract.LABEL_INSTANCE}=sentinel,{contract.LABEL_COMPONENT}=decode"
+    (dep,) = apps.list_namespaced_deployment(ns, label_selector=sel).items
+    name = dep.metadata.name
     body = copy.deepcopy(dep)
     body.spec.replicas = 3
-    apps.replace_namespaced_deployment("sentinel-decode", ns, body)
+    apps.replace_namespaced_deployment(name, ns, body)
     t = time.monotonic()
-    while apps.read_namespaced_deployment("sentinel-decode", ns).spec.replicas != 1:
+    while apps.read_namespaced_deployment(name, ns).spec.replicas != 1:
         if time.monotonic() - t > 60:
             break
         time.sleep(0.2)

@@ -61,8 +61,16 @@ def _s(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
 
-_LABELS = (contract.LABEL_MANAGED_BY, contract.LABEL_INSTANCE, contract.LABEL_COMPONENT, contract.LABEL_GROUP_ROLE)
-"""The only labels the reconcile reads (grouping, `managed`, a pod's role, a group leader: status.ready_count)."""
+_LABELS = (
+    contract.LABEL_MANAGED_BY,
+    contract.LABEL_INSTANCE,
+    contract.LABEL_COMPONENT,
+    contract.LABEL_GENERATION,
+    contract.LABEL_GENERATION_NUMBER,
+    contract.LABEL_GROUP_ROLE,
+)
+"""The only labels the reconcile reads (grouping, `managed`, a pod's role, the generation it belongs to, a group
+leader: status.ready_count)."""
 OTHER_FIELDS: dict[str, Any] = {"f:(more than annotations)": {}}
 """Stands for another manager's field set that sets more than annotations: all drift.touched_by_others needs."""
 

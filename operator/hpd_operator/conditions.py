@@ -73,6 +73,14 @@ class Reason(StrEnum):
     ROLLING_OUT = "RollingOut"
     STABLE = "Stable"
     AS_EXPECTED = "AsExpected"
+    # Progressing during a rollout between generations (docs/rollouts.md)
+    GENERATION_STARTING = "GenerationStarting"
+    """The spec's generation is coming up beside the serving one (which keeps all traffic until it is Ready)."""
+    GENERATION_BLOCKED = "GenerationBlocked"
+    """The spec's generation cannot come up (unschedulable, e.g. no spare GPUs; progress deadline exceeded); the
+    serving generation keeps serving (Progressing=False)."""
+    TRAFFIC_SWITCHING = "TrafficSwitching"
+    """The router moves to the spec's generation; the old generation drains."""
     # Ready
     ALL_COMPONENTS_READY = "AllComponentsReady"
     COMPONENTS_NOT_READY = "ComponentsNotReady"
@@ -97,6 +105,13 @@ class Reason(StrEnum):
     CREATED = "Created"
     UPDATED = "Updated"
     PRUNED = "Pruned"
+    # rollout transitions (Events only, one per transition)
+    GENERATION_STARTED = "GenerationStarted"
+    TRAFFIC_SWITCHED = "TrafficSwitched"
+    GENERATION_REMOVED = "GenerationRemoved"
+    """An old generation drained (no router pod selects it any more) and was removed."""
+    GENERATION_CANCELLED = "GenerationCancelled"
+    """A generation that never served was removed: the spec went back to the serving one, or moved on."""
 
 
 FAILURE_REASONS: frozenset[Reason] = frozenset(

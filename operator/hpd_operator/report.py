@@ -33,19 +33,18 @@ def now() -> str:
 # The CRs, children, pods and nodes come from the watch cache (cache.py); these shape what it holds, or read what
 # no watch covers.
 def observe_deployments(
-    children: Iterable[Mapping[str, Any]], name: str, uid: str, multi_node: Mapping[str, bool] | None = None
+    children: Iterable[Mapping[str, Any]], name: str, uid: str, generation: str | None = None
 ) -> dict[str, dict[str, Any] | None]:
-    """Component -> its live Deployment, or for a role whose replicas span nodes its LeaderWorkerSet, if this CR owns
-    it (from the CR's cached children). `multi_node` (role -> spans nodes, from the spec) says which one counts while
-    both exist (a role that changed shape, before the old one is pruned); without it the LeaderWorkerSet does."""
+    """Component -> its live workload, if this CR owns it (from the CR's cached children): the router's Deployment,
+    and the engines of `generation` (hpd_operator.generations): a role's Deployment, or its LeaderWorkerSet when its
+    replicas span nodes in that generation (a generation has one or the other: the shape is in its hash)."""
     owned = [d for d in children if k8s.owned_by(d, uid)]
     deployments = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "Deployment"}
     groups = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "LeaderWorkerSet"}
-    out: dict[str, dict[str, Any] | None] = {comp: deployments.get(n) for comp, n in component_names(name).items()}
+    out = {comp: deployments.get(n) for comp, n in component_names(name, generation).items()}
     for role in contract.ROLES:
-        group = groups.get(group_name(name, role))
-        wants_group = multi_node.get(role) if multi_node is not None else group is not None
-        if wants_group:
+        group = groups.get(group_name(name, role, generation))
+        if group is not None and out[role] is None:
             out[role] = group
     return out
 

@@ -208,6 +208,12 @@ def ready(cr: dict[str, Any]) -> bool:
     return conds.get("Ready") == "True" and st.get("observedGeneration") == cr["metadata"]["generation"]
 
 
+def engine(api: client.ApiClient, ns: str, name: str, role: str) -> list[client.V1Deployment]:
+    """The CR's `role` Deployments (one per generation that runs)."""
+    sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/component={role}"
+    return list(client.AppsV1Api(api).list_namespaced_deployment(ns, label_selector=sel).items)
+
+
 def children(api: client.ApiClient, ns: str, name: str) -> list[str]:
     apps = client.AppsV1Api(api)
     return sorted(
@@ -225,9 +231,9 @@ def prove(
     cr = wait(op, lambda: (c := get_cr(api, ns, name)) and ready(c) and c, f"{name} Ready")
     assert cr["status"]["endpoint"] == f"http://{name}.{ns}.svc:8000"
     apps = client.AppsV1Api(api)
-    engine = apps.read_namespaced_deployment(f"{name}-decode", ns).spec.template.spec.containers[0]
+    (decode,) = engine(api, ns, name, "decode")
     router = apps.read_namespaced_deployment(f"{name}-router", ns).spec.template.spec.containers[0]
-    assert (engine.image, router.image) == images  # the chart's images.* reached the children
+    assert (decode.spec.template.spec.containers[0].image, router.image) == images  # the chart's images.* arrived
     core = client.CoreV1Api(api)
 
     def created_event() -> bool:  # the Event is posted after the status write: wait for it (STYLE item 13)
@@ -237,20 +243,26 @@ def prove(
     wait(op, created_event, "the Created Event on the CR")
 
     pdbs, pms = optional_children(api, ns, name)
-    assert pdbs == [f"{name}-decode"] and len(pms) == 2
+    assert pdbs == [decode.metadata.name] and len(pms) == 2
 
-    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned.
-    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}}
+    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned; and a new engine
+    # env -> a new generation takes over and the old one's Deployments and Services are deleted (docs/rollouts.md).
+    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}, "env": [{"name": "RBAC", "value": "1"}]}
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
-    wait(
-        op,
-        lambda: (
-            apps.read_namespaced_deployment(f"{name}-decode", ns).spec.replicas == 1
+
+    def updated() -> bool:
+        ds = engine(api, ns, name, "decode")
+        return (
+            len(ds) == 1
+            and ds[0].metadata.uid != decode.metadata.uid
+            and ds[0].spec.replicas == 1
             and optional_children(api, ns, name) == ([], [])
+            and not [s for s in client.CoreV1Api(api).list_namespaced_service(ns).items
+                     if s.metadata.name.endswith(decode.metadata.labels["hybridpd.io/generation"])]
             and ready(get_cr(api, ns, name))
-        ),
-        f"{name} decode scaled to 1, PDB and PodMonitors pruned, Ready",
-    )
+        )  # fmt: skip
+
+    wait(op, updated, f"{name} on a new generation, decode at 1, PDB, PodMonitors, old generation pruned, Ready")
 
     co.delete_namespaced_custom_object(G, V, ns, P, name)
     wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")
@@ -268,19 +280,29 @@ def leaderworkersets(api: client.ApiClient, ns: str, name: str) -> dict[str, int
 
 
 def prove_multi_node(api: client.ApiClient, op: OperatorProcess, ns: str, name: str) -> None:
-    """A decode replica over two nodes: its LeaderWorkerSet created, scaled (patch) and pruned when the replica fits
-    one node again (delete); no LWS controller runs here, so nothing becomes Ready (not needed for the proof)."""
+    """A decode replica over two nodes: its generation's LeaderWorkerSet created, scaled (patch, in place) and pruned
+    when the replica fits one node again (a new generation with a decode Deployment replaces it: no LWS controller
+    runs here, so the group never became Ready and never served; delete); nothing needs to become Ready."""
     co = client.CustomObjectsApi(api)
     doc = sample(name)
     doc["spec"]["decode"] = {"replicas": 1, "tensorParallelSize": 16}
     doc["spec"]["model"] = {"name": "x/y", "hybrid": "none"}
     doc["spec"]["prefill"] = {"tensorParallelSize": 2}
     co.create_namespaced_custom_object(G, V, ns, P, doc)
-    wait(op, lambda: leaderworkersets(api, ns, name) == {f"{name}-decode": 1}, f"{name}'s LeaderWorkerSet created")
+
+    def one_group(replicas: int) -> str | None:
+        got = leaderworkersets(api, ns, name)
+        if len(got) != 1:
+            return None
+        [(group, n)] = got.items()
+        return group if n == replicas and group.startswith(f"{name}-decode-") else None
+
+    group = wait(op, lambda: one_group(1), f"{name}'s LeaderWorkerSet created")
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"replicas": 2}}})
-    wait(op, lambda: leaderworkersets(api, ns, name) == {f"{name}-decode": 2}, f"{name}'s LeaderWorkerSet scaled")
+    wait(op, lambda: one_group(2) == group, f"{name}'s LeaderWorkerSet scaled in place")
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"tensorParallelSize": 2}}})
-    wait(op, lambda: not leaderworkersets(api, ns, name) and f"{name}-decode" in children(api, ns, name),
+    wait(op, lambda: not leaderworkersets(api, ns, name)
+         and any(d.startswith(f"{name}-decode-") for d in children(api, ns, name)),
          f"{name}'s LeaderWorkerSet pruned, a Deployment instead")  # fmt: skip
     co.delete_namespaced_custom_object(G, V, ns, P, name)
     wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")

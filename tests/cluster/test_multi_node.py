@@ -2,13 +2,17 @@
 (sigs.k8s.io/lws built from its Go module, its webhooks served on https://127.0.0.1: hack/hpd_devcluster/lws.py) and
 kwok 8-GPU nodes. Every wait has a deadline; nothing connects to a pod or node IP.
 
+A multi-node role is one LeaderWorkerSet per generation (`<cr>-decode-<hash>`, docs/rollouts.md): a scale stays in
+place, an engine change or a shape change starts a new generation beside the serving one, the router moves to it
+only once its groups are Ready, and the old generation's children are pruned after.
+
 Runs in file order: the first test needs LWS absent (it installs it itself), the rest share it (module fixture)."""
 
 from __future__ import annotations
 
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
 from .conftest import Operator
-from .kube import T, arg, children, cond, create, get_cr, hold, patch_spec, wait_cr
+from .kube import T, arg, children, cond, create, get_cr, hold, patch_spec, serving, wait_cr
 
 pytestmark = pytest.mark.cluster
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
@@ -45,8 +49,18 @@ def leaderworkersets(api: client.ApiClient, ns: str) -> list[dict[str, Any]]:
     return items
 
 
-def pods(api: client.ApiClient, ns: str, name: str, role: str) -> list[client.V1Pod]:
+def group_names(api: client.ApiClient, ns: str) -> list[str]:
+    return sorted(g["metadata"]["name"] for g in leaderworkersets(api, ns))
+
+
+def engine_deployments(api: client.ApiClient, ns: str, name: str, role: str) -> list[str]:
+    return [d for d in children(api, ns, name)["Deployment"] if d.startswith(f"{name}-{role}-")]
+
+
+def pods(api: client.ApiClient, ns: str, name: str, role: str, gen: str | None = None) -> list[client.V1Pod]:
     sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}={role}"
+    if gen is not None:
+        sel += f",{contract.LABEL_GENERATION}={gen}"
     return [
         p
         for p in client.CoreV1Api(api).list_namespaced_pod(ns, label_selector=sel).items
@@ -112,7 +126,7 @@ def test_without_leaderworkerset_a_multi_node_cr_says_what_to_install_builds_not
         assert "LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) is served now" in op.log.read_text()
         op.start()  # as the kubelet would
         wait_cr(api_client, ns, name, ready_at_generation, "Ready once LWS is installed", timeout=90)
-        assert [g["metadata"]["name"] for g in leaderworkersets(api_client, ns)] == [f"{name}-decode"]
+        assert group_names(api_client, ns) == [f"{name}-decode-{serving(api_client, ns, name)}"]
     except BaseException:
         print(f"--- operator log ---\n{op.log.read_text(errors='replace')[-20000:]}")
         raise
@@ -126,14 +140,19 @@ def test_a_decode_of_16_gpus_on_8_gpu_nodes_is_one_group_of_2_pods_per_replica_w
     ns, name = namespace, "tp16"
     create(api_client, ns, cr(name, {"tensorParallelSize": 16}))
     got = wait_cr(api_client, ns, name, ready_at_generation, "Ready", timeout=90)
+    gen = serving(api_client, ns, name)
     [group] = leaderworkersets(api_client, ns)
-    assert group["metadata"]["name"] == f"{name}-decode"
+    lws_name = f"{name}-decode-{gen}"
+    assert group["metadata"]["name"] == lws_name
+    assert group["metadata"]["labels"][contract.LABEL_GENERATION] == gen
     assert (group["spec"]["replicas"], group["spec"]["leaderWorkerTemplate"]["size"]) == (1, 2)
-    assert f"{name}-decode" not in children(api_client, ns, name)["Deployment"]  # no decode Deployment
+    assert not engine_deployments(api_client, ns, name, "decode")  # no decode Deployment
+    assert got["status"]["rollout"]["servingHash"] == gen and got["status"]["rollout"]["state"] == "Complete"
 
     decode = sorted(pods(api_client, ns, name, "decode"), key=lambda p: p.metadata.name)
-    assert [p.metadata.name for p in decode] == [f"{name}-decode-0", f"{name}-decode-0-1"]
-    leader_address = f"{name}-decode-0.{name}-decode-0.{ns}"  # LWS's per-group headless Service (UniquePerReplica)
+    assert [p.metadata.name for p in decode] == [f"{lws_name}-0", f"{lws_name}-0-1"]
+    assert all(p.metadata.labels[contract.LABEL_GENERATION] == gen for p in decode)
+    leader_address = f"{lws_name}-0.{lws_name}-0.{ns}"  # LWS's per-group headless Service (UniquePerReplica)
     for rank, p in enumerate(decode):
         env = env_of(p)
         assert env["LWS_WORKER_INDEX"] == str(rank) and env["LWS_GROUP_SIZE"] == "2"
@@ -152,14 +171,14 @@ def test_a_decode_of_16_gpus_on_8_gpu_nodes_is_one_group_of_2_pods_per_replica_w
     assert (st["replicas"], st["readyReplicas"], st["summary"]) == (1, 1, "1/1")  # groups, not pods (2 Ready)
     assert "1/1 decode replicas (groups of 2 pods) ready" in cond(got, "DecodeReady")["message"]
 
-    # only the leader serves: the role's headless Service (decode's pair check, DNS) lists it alone
+    # only the leader serves: the generation's headless Service (decode's pair check, DNS) lists it alone
     def endpoints() -> set[str] | None:
-        sel = f"kubernetes.io/service-name={name}-decode"
+        sel = f"kubernetes.io/service-name={name}-decode-{gen}"
         slices = client.DiscoveryV1Api(api_client).list_namespaced_endpoint_slice(ns, label_selector=sel).items
         names = {e.target_ref.name for s in slices for e in (s.endpoints or []) if e.target_ref}
         return names or None
 
-    assert wait_for(endpoints, T, what="the decode Service's endpoints") == {f"{name}-decode-0"}
+    assert wait_for(endpoints, T, what="the decode Service's endpoints") == {f"{lws_name}-0"}
 
     # settled: no re-apply loop against LWS's webhook defaults or its controller's writes (several resyncs long)
     [group] = leaderworkersets(api_client, ns)
@@ -180,49 +199,55 @@ def lws_applies(op: Operator) -> float:
     )
 
 
-def test_scale_update_and_delete_of_a_role_that_spans_nodes(
+def decode_state(c: dict[str, Any], want: int) -> bool:
+    st = (c.get("status") or {}).get("decode") or {}
+    return ready_at_generation(c) and st.get("replicas") == want and st.get("readyReplicas") == want
+
+
+def settled_on(c: dict[str, Any], gen: str) -> bool:
+    """Ready, every replica of generation `gen` serving, nothing else left (status.rollout Complete)."""
+    ro = (c.get("status") or {}).get("rollout") or {}
+    return ready_at_generation(c) and ro.get("servingHash") == gen and ro.get("state") == "Complete"
+
+
+def test_scale_shape_change_and_delete_of_a_role_that_spans_nodes(
     lws_running: lws.Controller, more_gpus: None, operator: Operator, api_client: client.ApiClient, namespace: str
 ) -> None:
     ns, name = namespace, "tp16s"
     create(api_client, ns, cr(name, {"tensorParallelSize": 16}))
     wait_cr(api_client, ns, name, ready_at_generation, "Ready", timeout=90)
+    first = serving(api_client, ns, name)
 
-    def decode_state(c: dict[str, Any], want: int) -> bool:
-        st = (c.get("status") or {}).get("decode") or {}
-        return ready_at_generation(c) and st.get("replicas") == want and st.get("readyReplicas") == want
-
-    patch_spec(api_client, ns, name, {"decode": {"replicas": 2}})  # scale: a second group of 2 pods
+    patch_spec(api_client, ns, name, {"decode": {"replicas": 2}})  # scale: a second group of 2 pods, in place
     got = wait_cr(api_client, ns, name, lambda c: decode_state(c, 2), "decode 2/2 groups", timeout=90)
     assert got["status"]["decode"]["summary"] == "2/2"
     assert len([p for p in pods(api_client, ns, name, "decode") if ready(p)]) == 4
-    assert leaderworkersets(api_client, ns)[0]["spec"]["replicas"] == 2
+    [group] = leaderworkersets(api_client, ns)
+    assert (group["metadata"]["name"], group["spec"]["replicas"]) == (f"{name}-decode-{first}", 2)  # no new generation
+    assert got["status"]["rollout"]["latestGeneration"] == 1
 
     patch_spec(api_client, ns, name, {"decode": {"replicas": 1}})
     wait_cr(api_client, ns, name, lambda c: decode_state(c, 1), "decode back to 1 group", timeout=90)
     wait_for(lambda: len(pods(api_client, ns, name, "decode")) == 2, T, what="the second group's pods gone")
 
-    # update: a new vLLM flag reaches every pod of the group (LWS replaces the group), the leader still serves
-    patch_spec(api_client, ns, name, {"decode": {"replicas": 1, "extraArgs": ["--max-num-seqs", "64"]}})
+    # a replica that fits one node again: a new generation whose decode is a Deployment; the router moves to it
+    # once it is Ready, then the old generation's LeaderWorkerSet (and its prefill Deployment) are pruned
+    patch_spec(api_client, ns, name, {"decode": {"tensorParallelSize": 8}})
+    got = wait_cr(api_client, ns, name, lambda c: ready_at_generation(c) and serving(api_client, ns, name) != first
+                  and settled_on(c, serving(api_client, ns, name)), "decode as a Deployment, serving", timeout=90)  # fmt: skip
+    second = serving(api_client, ns, name)
+    wait_for(lambda: not leaderworkersets(api_client, ns), T, what="the old generation's LeaderWorkerSet pruned")
+    assert engine_deployments(api_client, ns, name, "decode") == [f"{name}-decode-{second}"]
+    assert engine_deployments(api_client, ns, name, "prefill") == [f"{name}-prefill-{second}"]
+    assert got["status"]["rollout"]["latestGeneration"] == 2
 
-    def rolled() -> bool:
-        ps = pods(api_client, ns, name, "decode")
-        return len(ps) == 2 and all(
-            ready(p) and arg(list(p.spec.containers[0].args), "--max-num-seqs") == "64" for p in ps
-        )
-
-    wait_for(rolled, 90, what="the decode group rolled to the new args")
-    wait_cr(api_client, ns, name, lambda c: decode_state(c, 1), "Ready after the update", timeout=90)
-
-    # a replica that fits one node again: the LeaderWorkerSet is pruned, a Deployment takes over
-    patch_spec(api_client, ns, name, {"decode": {"tensorParallelSize": 8, "extraArgs": []}})
-    wait_cr(api_client, ns, name, lambda c: decode_state(c, 1), "decode as a Deployment", timeout=90)
-    wait_for(lambda: not leaderworkersets(api_client, ns), T, what="the LeaderWorkerSet pruned")
-    assert f"{name}-decode" in children(api_client, ns, name)["Deployment"]
-
-    patch_spec(api_client, ns, name, {"decode": {"tensorParallelSize": 16}})  # and back: LWS again
-    wait_cr(api_client, ns, name, lambda c: decode_state(c, 1) and bool(leaderworkersets(api_client, ns)),
-            "decode as a LeaderWorkerSet again", timeout=90)  # fmt: skip
-    wait_for(lambda: f"{name}-decode" not in children(api_client, ns, name)["Deployment"], T, what="Deployment pruned")
+    patch_spec(api_client, ns, name, {"decode": {"tensorParallelSize": 16}})  # and back: a LeaderWorkerSet again
+    got = wait_cr(api_client, ns, name, lambda c: serving(api_client, ns, name) not in (first, second)
+                  and settled_on(c, serving(api_client, ns, name)), "decode as a LeaderWorkerSet again", timeout=90)  # fmt: skip
+    third = serving(api_client, ns, name)
+    assert got["status"]["rollout"]["latestGeneration"] == 3  # numbers never repeat, even for the same templates
+    assert group_names(api_client, ns) == [f"{name}-decode-{third}"]
+    wait_for(lambda: not engine_deployments(api_client, ns, name, "decode"), T, what="the decode Deployment pruned")
 
     # delete: the garbage collector takes the LeaderWorkerSet, and LWS its StatefulSets and pods
     client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
@@ -232,3 +257,78 @@ def test_scale_update_and_delete_of_a_role_that_spans_nodes(
              what="the group and its pods gone")  # fmt: skip
     with pytest.raises(client.ApiException):
         get_cr(api_client, ns, name)
+
+
+@pytest.fixture()
+def pool(devcluster: cluster.ClusterState) -> Iterator[tuple[str, Callable[[int], None]]]:
+    """A node pool of this test's own (label hybridpd-test/pool=<id>): (id, add(n)) adds n 8-GPU nodes to it."""
+    pool_id, names = f"p{uuid.uuid4().hex[:6]}", []
+
+    def add(n: int) -> None:
+        for _ in range(n):
+            names.append(f"gpu-{pool_id}-{len(names)}")
+            cluster.add_node(devcluster, names[-1], labels={"hybridpd-test/pool": pool_id})
+
+    yield pool_id, add
+    for n in names:
+        cluster.delete_node(devcluster, n)
+
+
+def test_a_new_generation_of_a_multi_node_role_takes_traffic_only_once_its_groups_are_ready(
+    lws_running: lws.Controller,
+    pool: tuple[str, Callable[[int], None]],
+    operator: Operator,
+    api_client: client.ApiClient,
+    namespace: str,
+) -> None:
+    """An engine change (a vLLM flag) of a TP 16 decode on a pool with no room beside it: the new generation's
+    group cannot be scheduled, so the router keeps the old generation and nothing of it is pruned (Blocked); once
+    nodes are added, the new group comes up, traffic moves, and the old LeaderWorkerSet is pruned."""
+    ns, name = namespace, "gated"
+    pool_id, add = pool
+    add(3)  # exactly one generation: prefill on one node, the decode group on two
+    on_pool = {"nodeSelector": {"hybridpd-test/pool": pool_id}}
+    doc = cr(name, {"tensorParallelSize": 16, **on_pool})
+    doc["spec"]["prefill"].update(on_pool)
+    create(api_client, ns, doc)
+    wait_cr(api_client, ns, name, ready_at_generation, "Ready", timeout=90)
+    old = serving(api_client, ns, name)
+
+    patch_spec(api_client, ns, name, {"decode": {"extraArgs": ["--max-num-seqs", "64"]}})
+
+    def blocked(c: dict[str, Any]) -> bool:
+        ro = (c.get("status") or {}).get("rollout") or {}
+        return ro.get("state") == "Blocked" and ro.get("servingHash") == old and ro.get("targetHash") != old
+
+    got = wait_cr(api_client, ns, name, blocked, "the new generation Blocked, the old one serving", timeout=90)
+    new = got["status"]["rollout"]["targetHash"]
+    assert cond(got, "Ready")["status"] == "True"  # the old generation still serves
+    wait_for(lambda: group_names(api_client, ns) == sorted([f"{name}-decode-{old}", f"{name}-decode-{new}"]), T,
+             what="both generations' LeaderWorkerSets")  # fmt: skip
+
+    def still_old() -> bool:
+        c = get_cr(api_client, ns, name)
+        return (
+            serving(api_client, ns, name) == old
+            and f"{name}-decode-{old}" in group_names(api_client, ns)
+            and not any(ready(p) for p in pods(api_client, ns, name, "decode", new))
+            and cond(c, "Ready")["status"] == "True"
+        )
+
+    hold(still_old, 5, "the router keeps the old generation while the new group is not Ready")
+
+    add(3)  # room for the new generation beside the old one
+    got = wait_cr(api_client, ns, name, lambda c: settled_on(c, new), "traffic on the new generation", timeout=120)
+    wait_for(lambda: group_names(api_client, ns) == [f"{name}-decode-{new}"], T, what="the old LeaderWorkerSet pruned")
+    decode = pods(api_client, ns, name, "decode")
+    assert len(decode) == 2 and all(p.metadata.labels[contract.LABEL_GENERATION] == new for p in decode)
+    assert all(arg(list(p.spec.containers[0].args), "--max-num-seqs") == "64" for p in decode)
+    router = client.AppsV1Api(api_client).read_namespaced_deployment(f"{name}-router", ns)
+    selector = list(router.spec.template.spec.containers[0].args)
+    assert f"{contract.LABEL_GENERATION}={new}" in selector and f"{contract.LABEL_GROUP_ROLE}=leader" in selector
+
+    def switched_event() -> bool:  # posted after the status write: waited for (STYLE item 13)
+        events = client.CoreV1Api(api_client).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        return "TrafficSwitched" in {e.reason for e in events.items}
+
+    wait_for(switched_event, T, what="the TrafficSwitched Event")

@@ -20,7 +20,7 @@ from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
 from .conftest import Operator
-from .kube import T, create, deployment, patch_spec, seed, wait_ready
+from .kube import T, create, deployment, patch_spec, seed, serving, wait_ready
 from .netpol import Pod, Traffic, evaluate
 
 pytestmark = pytest.mark.cluster
@@ -70,14 +70,15 @@ def test_prometheus_labelled_pods_elsewhere_reach_metrics_but_never_completions(
     ns, name = namespace, "np-eval"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
-    prefill = pod_of(api_client, ns, f"{name}-prefill", "10.0.0.11")
-    decode = pod_of(api_client, ns, f"{name}-decode", "10.0.0.12")
+    g = serving(api_client, ns, name)
+    prefill = pod_of(api_client, ns, f"{name}-prefill-{g}", "10.0.0.11")
+    decode = pod_of(api_client, ns, f"{name}-decode-{g}", "10.0.0.12")
     router = pod_of(api_client, ns, f"{name}-router", "10.0.0.13")
     scraper = Pod(other_namespace, namespace_labels(api_client, other_namespace), PROMETHEUS, "10.0.1.1")
     stranger = Pod(ns, namespace_labels(api_client, ns), {"app": "curl"}, "10.0.1.2")
-    http = port_of(api_client, ns, f"{name}-decode", contract.PORT_NAME_HTTP)
-    runtime = port_of(api_client, ns, f"{name}-decode", contract.PORT_NAME_RUNTIME)
-    side = port_of(api_client, ns, f"{name}-decode", contract.PORT_NAME_SIDE_CHANNEL)
+    http = port_of(api_client, ns, f"{name}-decode-{g}", contract.PORT_NAME_HTTP)
+    runtime = port_of(api_client, ns, f"{name}-decode-{g}", contract.PORT_NAME_RUNTIME)
+    side = port_of(api_client, ns, f"{name}-decode-{g}", contract.PORT_NAME_SIDE_CHANNEL)
     router_metrics = port_of(api_client, ns, f"{name}-router", contract.PORT_NAME_ROUTER_METRICS)
     router_http = port_of(api_client, ns, f"{name}-router", contract.PORT_NAME_HTTP)
 

@@ -183,6 +183,7 @@ BAD_NAMES: list[tuple[str, str, str]] = [
     ("name-dns-1035", "a" * 56, "must be a DNS-1035 label"),
     ("name-no-child-suffix", "a-prefill", "may not end in -prefill"),
     ("name-no-child-suffix", "a-router", "may not end in -prefill"),
+    ("name-no-generation-suffix", "a-prefill-1a2b3c4d", "may not end in -prefill-<8 hex digits>"),
 ]
 """(rule id, metadata.name, substring of the apiserver's error)."""
 

@@ -100,8 +100,10 @@ class Procs:
                     p.wait(timeout=10)
 
 
-def _engine(procs: Procs, role: str, workdir: Path) -> tuple[int, int]:
-    """One engine 'pod': hpd_runtime launch + the vLLM stand-in (role from --kv-transfer-config, as in vLLM)."""
+def _engine(procs: Procs, role: str, workdir: Path, prefill: tuple[int, int] | None = None) -> tuple[int, int]:
+    """One engine 'pod': hpd_runtime launch + the vLLM stand-in (role from --kv-transfer-config, as in vLLM). A decode
+    given its `prefill` (vLLM port, runtime port) runs the pair check and the canary against it (on loopback: the
+    "Service" is its address), so the data-path series exist."""
     vllm_port, runtime_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -121,6 +123,16 @@ def _engine(procs: Procs, role: str, workdir: Path) -> tuple[int, int]:
     }
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": KV[role]})
     argv = [sys.executable, "-m", "hpd_runtime", "launch", "--", "fake-model", "--port", str(vllm_port)]
+    if prefill is not None:
+        env |= {
+            c.ENV_WARMUP_PAIR_CHECK: "true",
+            c.ENV_PREFILL_SERVICE: LOOPBACK,
+            c.ENV_PREFILL_PORT: str(prefill[0]),
+            c.ENV_PREFILL_RUNTIME_PORT: str(prefill[1]),
+            c.ENV_CANARY_SECONDS: "2",
+            c.ENV_KV_FABRIC: "tcp",
+        }
+        argv.append("--enable-prompt-tokens-details")
     procs.start(f"engine-{role}", [*argv, "--kv-transfer-config", kv], env)
     return vllm_port, runtime_port
 
@@ -183,7 +195,8 @@ def stack(api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pyte
     namespace = f"mon-{os.getpid()}"
     prom: Prometheus | None = None
     try:
-        engines = {role: _engine(procs, role, workdir) for role in ("prefill", "decode")}
+        engines = {"prefill": _engine(procs, "prefill", workdir)}
+        engines["decode"] = _engine(procs, "decode", workdir, prefill=engines["prefill"])
         router_port, router_metrics = free_port(), free_port()
         procs.start(
             "router",

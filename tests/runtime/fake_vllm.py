@@ -16,6 +16,11 @@ it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
                           on the H200 when a P->D answer had NaN logprobs); also POST /_control {"pd_output"}
   --enable-prompt-tokens-details   report usage.prompt_tokens_details.cached_tokens, like vLLM
   --token-delay S         streaming: sleep S between generated tokens (a decode step)
+  --generation G          the generation (docs/rollouts.md) this engine belongs to: prefill names it in the
+                          kv_transfer_params it returns (remote_engine_id `fake-engine-G-PORT`); every answer says
+                          `system_fingerprint: "prefill=P decode=G"` (P: the prefill's generation, `none` without a
+                          transfer); a decode given KV from another generation answers as a layout mismatch would
+                          (wrong-tokens: other ids, logprobs 3 nats lower), so its pair check refuses that pair
 
 Prompts are token ids, or text in the bench word tokenizer's form (bench/gpu/word_tokenizer.py: `tN` is token N), as
 `vllm bench serve --dataset-name random` sends them. `"stream": true` answers as vLLM does: server-sent events, one
@@ -72,7 +77,11 @@ class FakeVLLM:
         if from_prefill and self.pd_output == "nan-http-400":
             msg = "Out of range float values are not JSON compliant: nan"
             return 400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}}
-        ids, lps = sampled(prompt, n, self.pd_output if from_prefill else "local")
+        source = prefill_generation(kv_in) if from_prefill else "none"
+        mode = self.pd_output if from_prefill else "local"
+        if from_prefill and self.ns.generation and source != self.ns.generation:
+            mode = "wrong-tokens"  # KV written by another generation's engine: another layout, another model
+        ids, lps = sampled(prompt, n, mode)
         resp: dict[str, Any] = {
             "id": f"cmpl-{request_id or uuid.uuid4().hex}",
             "object": "text_completion",
@@ -82,6 +91,8 @@ class FakeVLLM:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
             "kv_transfer_params": None,
         }
+        if self.ns.generation:
+            resp["system_fingerprint"] = f"prefill={source} decode={self.ns.generation}"
         if body.get("return_token_ids"):
             resp["choices"][0]["token_ids"] = ids
         if body.get("logprobs"):
@@ -95,13 +106,22 @@ class FakeVLLM:
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
                 "remote_block_ids": [[1, 2, 3]],
-                "remote_engine_id": f"fake-engine-{self.ns.port}",
+                "remote_engine_id": f"fake-engine-{self.ns.generation}-{self.ns.port}"
+                if self.ns.generation
+                else f"fake-engine-{self.ns.port}",
                 "remote_request_id": f"prefill-{request_id}",
                 "remote_host": "127.0.0.1",
                 "remote_port": 5600,
                 "tp_size": 1,
             }
         return 200, resp
+
+
+def prefill_generation(kv: Any) -> str:
+    """The generation a prefill's kv_transfer_params come from (`fake-engine-G-PORT`), `unknown` otherwise."""
+    engine = str((kv or {}).get("remote_engine_id") or "")
+    parts = engine.split("-")
+    return parts[2] if engine.startswith("fake-engine-") and len(parts) == 4 else "unknown"
 
 
 def word_ids(text: str) -> list[int]:
@@ -113,7 +133,7 @@ def stream_chunks(resp: dict[str, Any], include_usage: bool) -> list[dict[str, A
     """A completion answer as vLLM streams it: one chunk per token (the last carries finish_reason), then usage."""
     choice = resp["choices"][0]
     ids = choice.get("token_ids") or [0] * int(resp["usage"]["completion_tokens"])
-    head = {k: resp[k] for k in ("id", "object", "created", "model")}
+    head = {k: resp[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in resp}
     out = []
     for i, t in enumerate(ids):
         last = i == len(ids) - 1
@@ -241,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pd-output", default="ok", choices=["ok", "wrong-tokens", "nan", "no-transfer", "nan-http-400"])
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--token-delay", type=float, default=0.0)
+    p.add_argument("--generation", default=None)
     ns, _unknown = p.parse_known_args(argv)
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -11,7 +11,7 @@ import yaml
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import short_name
-from hpd_operator.builders import build_all
+from hpd_operator.builders import build_all, generation_hash
 from hpd_operator.builders.engine import MODEL_LOAD_ALLOWANCE_SECONDS, startup_failure_threshold
 from hpd_operator.profile import compute_profile
 from hpd_operator.validation import validate
@@ -37,8 +37,16 @@ def build(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return build_all(cr, compute_profile(validate(cr)))
 
 
+def without_generation(obj: dict[str, Any]) -> str:
+    """An object's name without its generation's suffix: `<cr>-prefill` for `<cr>-prefill-<hash>`."""
+    name: str = obj["metadata"]["name"]
+    gen = obj["metadata"].get("labels", {}).get(contract.LABEL_GENERATION)
+    return name.removesuffix(f"-{gen}") if gen else name
+
+
 def by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    [o] = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    """One object by kind and name; `<cr>-prefill` / `<cr>-decode` name the engines of the one generation built."""
+    [o] = [o for o in objs if o["kind"] == kind and name in (o["metadata"]["name"], without_generation(o))]
     return o
 
 
@@ -54,12 +62,14 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
 def test_seed_builds_the_full_child_set() -> None:
     objs = build(seed_doc())
     n = "nemotron-3-nano"
+    cr = cr_from(seed_doc())
+    g = generation_hash(cr, compute_profile(validate(cr)))  # the engines are generation g's (docs/rollouts.md)
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objs) == sorted(
         [
-            ("Service", f"{n}-prefill"),
-            ("Deployment", f"{n}-prefill"),
-            ("Service", f"{n}-decode"),
-            ("Deployment", f"{n}-decode"),
+            ("Service", f"{n}-prefill-{g}"),
+            ("Deployment", f"{n}-prefill-{g}"),
+            ("Service", f"{n}-decode-{g}"),
+            ("Deployment", f"{n}-decode-{g}"),
             ("ServiceAccount", f"{n}-router"),
             ("Role", f"{n}-router"),
             ("RoleBinding", f"{n}-router"),
@@ -83,7 +93,8 @@ def test_decode_gets_kv_consumer_role_and_no_async_scheduling() -> None:
     assert kv(d)["kv_role"] == "kv_consumer" and kv(p)["kv_role"] == "kv_producer"
     # vLLM 0.20: decode always; the seed's prefill too, since its TP is 2 (#36687; rule no-async-scheduling)
     assert "--no-async-scheduling" in d["args"] and "--no-async-scheduling" in p["args"]
-    assert env(d)[contract.ENV_PREFILL_SERVICE] == "nemotron-3-nano-prefill.ns1.svc"
+    gen = by(objs, "Deployment", "nemotron-3-nano-decode")["metadata"]["labels"][contract.LABEL_GENERATION]
+    assert env(d)[contract.ENV_PREFILL_SERVICE] == f"nemotron-3-nano-prefill-{gen}.ns1.svc"  # its own generation's
     assert contract.ENV_PREFILL_SERVICE not in env(p)
 
 
@@ -125,7 +136,9 @@ def test_engine_pod_contract() -> None:
     assert dep["spec"]["selector"]["matchLabels"] == {
         contract.LABEL_INSTANCE: "nemotron-3-nano",
         contract.LABEL_COMPONENT: "prefill",
+        contract.LABEL_GENERATION: dep["metadata"]["labels"][contract.LABEL_GENERATION],
     }
+    assert dep["metadata"]["labels"][contract.LABEL_GENERATION_NUMBER] == "1"
     assert dep["spec"]["template"]["metadata"]["labels"][contract.LABEL_ROLE] == "prefill"
 
 
@@ -191,8 +204,13 @@ def test_router_runs_nixl_pd_with_kubernetes_discovery() -> None:
     assert a[a.index("--kv-connector") + 1] == "nixl"
     assert a[a.index("--service-discovery-port") + 1] == "8000"
     assert a[a.index("--service-discovery-namespace") + 1] == "ns1"
+    gen = dep["metadata"]["labels"][contract.LABEL_GENERATION]
     i = a.index("--decode-selector")
-    assert a[i + 1 : i + 3] == ["app.kubernetes.io/instance=nemotron-3-nano", "app.kubernetes.io/component=decode"]
+    assert a[i + 1 : i + 4] == [
+        "app.kubernetes.io/instance=nemotron-3-nano",
+        "app.kubernetes.io/component=decode",
+        f"hybridpd.io/generation={gen}",
+    ]
     assert a[a.index("--prometheus-host") + 1] == "0.0.0.0"
     assert a[a.index("--host") + 1] == "0.0.0.0"
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "nemotron-3-nano-router"

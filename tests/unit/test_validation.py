@@ -219,6 +219,8 @@ def cr(name: str, **kw: Any) -> dict[str, Any]:
         ("x-decode", "name-no-child-suffix"),
         ("x-router", "name-no-child-suffix"),
         ("x-engines", "name-no-child-suffix"),
+        ("a-prefill-1a2b3c4d", "name-no-generation-suffix"),
+        ("a-decode-00000000", "name-no-generation-suffix"),
     ],
 )
 def test_cr_names_that_would_make_invalid_or_colliding_children_are_refused(name: str, rule: str) -> None:
@@ -226,6 +228,7 @@ def test_cr_names_that_would_make_invalid_or_colliding_children_are_refused(name
         parse_cr(cr(name))
     assert (".metadata.name".lstrip("."), rule) in {(v.field, v.rule) for v in ei.value.violations}
     assert isinstance(parse_cr(cr("a-prefil")), HybridPDDeployment)
+    assert isinstance(parse_cr(cr("a-prefill-v2")), HybridPDDeployment)
 
 
 @pytest.mark.parametrize(
@@ -324,7 +327,7 @@ def test_pod_template_merge_keeps_the_operators_container_and_labels() -> None:
     }})  # fmt: skip
     c_ = parse_cr(doc)
     objs = build_all(c_, compute_profile(validate(c_)))
-    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "m-decode")
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].startswith("m-decode-"))
     pod = dep["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
     assert pod["runtimeClassName"] == "nvidia" and {"name": "extra", "configMap": {"name": "c"}} in pod["volumes"]

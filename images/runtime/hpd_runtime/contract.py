@@ -28,6 +28,12 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_ROLE: Final = f"{GROUP}/role"
+LABEL_GENERATION: Final = f"{GROUP}/generation"
+"""On engine Deployments, their pods and headless Services, and on the router: the generation (a hash of the engine
+pod templates) they belong to or route to. The router's discovery selectors and decode's prefill Service select on
+it, so a prefill and a decode of different generations never pair (docs/rollouts.md)."""
+LABEL_GENERATION_NUMBER: Final = f"{GROUP}/generation-number"
+"""Beside LABEL_GENERATION: the generation's sequence number (1, 2, ...), for people (`kubectl get pods -L`)."""
 APP_NAME: Final = "hybrid-pd"
 MANAGED_BY: Final = "hybrid-pd-operator"
 COMPONENT_ROUTER: Final = "router"

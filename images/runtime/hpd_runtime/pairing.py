@@ -258,6 +258,16 @@ class PairMonitor:
                 out.append((host, port))
         return out
 
+    def apply(self, host: str, port: int, result: PairResult) -> bool:
+        """Record a re-check's or canary's outcome; True when a pair that had passed stayed broken and `on_broken`
+        was called (vLLM is being restarted: stop checking)."""
+        good_before = self.was_good
+        self.record(host, port, result)
+        if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
+            self.on_broken(result.summary)
+            return True
+        return False
+
     def canary(self) -> None:
         """One canary round trip against every verified peer (see the module doc)."""
         self.last_canary = time.monotonic()
@@ -272,10 +282,7 @@ class PairMonitor:
             m.canary_checks.labels(result="ok" if result.ok else "differs").inc()
             if result.ok:
                 m.canary_last_success.labels(prefill=f"{host}:{port}").set(time.time())
-            good_before = self.was_good
-            self.record(host, port, result)
-            if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
-                self.on_broken(result.summary)
+            if self.apply(host, port, result):
                 return
 
     def canary_due(self) -> bool:
@@ -302,10 +309,7 @@ class PairMonitor:
             except PairTransportError as e:
                 log_event("pair_recheck_error", level="warning", prefill=f"{host}:{port}", error=str(e))
                 continue  # the peer may be going away; the next poll sees it again
-            good_before = self.was_good
-            self.record(host, port, result)
-            if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
-                self.on_broken(result.summary)
+            if self.apply(host, port, result):
                 return
 
     def poll_seconds(self) -> float:

@@ -423,6 +423,11 @@ class RouterSpec(_Model):
     """vllm-router load-balancing policy for both stages."""
     service: RouterServiceSpec = _sub(RouterServiceSpec)
     resources: ResourceRequirements | None = None
+    drain_seconds: int = Field(default=c.DEFAULT_ROUTER_DRAIN_SECONDS, ge=0, le=86_400)
+    """How long a replaced router pod may take to finish the requests it has in flight (its graceful shutdown; the
+    pod's terminationGracePeriodSeconds is this plus a few seconds). A rollout removes the old generation's engines
+    only after its router pods are gone, so this bounds how long the old generation outlives the switch. Set it to
+    the longest request you serve (a long generation can take minutes)."""
 
 
 class WarmupSpec(_Model):
@@ -629,6 +634,50 @@ class ProfileStatus(_Model):
     """Not fatal (also posted as Warning Events), e.g. an image tag that names another vLLM release."""
 
 
+class GenerationStatus(_Model):
+    """One generation of prefill + decode (docs/rollouts.md)."""
+
+    number: int
+    """Sequence number: 1 for the first, one more for every new one."""
+    hash: str
+    """Hash of its engine pod templates: the `hybridpd.io/generation` label, the `<cr>-prefill-<hash>` names."""
+    state: Literal["Serving", "Starting", "Blocked", "Draining"]
+    """Serving: the router routes to it. Starting: not Ready yet (decode Ready = pair check passed against this
+    generation's prefill pods). Blocked: its pods cannot be scheduled or its rollout failed. Draining: the router's
+    old pods finish their in-flight requests on it; removed when they are gone."""
+    prefill: str | None = None
+    """Ready/desired prefill replicas."""
+    decode: str | None = None
+    """Ready/desired decode replicas."""
+    message: str | None = Field(default=None, max_length=4096)
+    """Why it is not Ready (a probe's reason, the scheduler's message), when it is not."""
+    served: bool = False
+    """It took traffic with every desired replica Ready at least once. Only a generation that serves or served is
+    kept while a new one comes up; one that never did and cannot answer now is replaced at once."""
+
+
+class RolloutStatus(_Model):
+    """Which generation serves, which one is being rolled out and how far (docs/rollouts.md)."""
+
+    state: Literal["Complete", "Starting", "Blocked", "Switching"]
+    """Complete: one generation, serving. Starting: the spec's generation is coming up beside the serving one.
+    Blocked: it cannot come up (its pods cannot be scheduled, e.g. no spare GPUs for a second generation, or its
+    Deployment exceeded its progress deadline); the serving generation keeps serving. Switching: traffic moved to
+    the spec's generation, the old one drains."""
+    summary: str
+    """Short progress (printer column `Rollout`), e.g. `complete`, `gen 3: 2/3 ready`, `gen 3: blocked`."""
+    message: str = Field(max_length=4096)
+    serving_generation: int | None = None
+    """The generation the router routes to (printer column `Gen`)."""
+    serving_hash: str | None = None
+    target_generation: int | None = None
+    """The generation the spec asks for (equal to servingGeneration when complete)."""
+    target_hash: str | None = None
+    latest_generation: int | None = None
+    """The highest generation number assigned so far (numbers are never reused)."""
+    generations: list[GenerationStatus] = Field(default_factory=list)
+
+
 class HybridPDDeploymentStatus(_Model):
     observed_generation: int | None = None
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
@@ -643,6 +692,8 @@ class HybridPDDeploymentStatus(_Model):
     """Router Service URL, e.g. http://my-hpd.default.svc:8000."""
     profile: ProfileStatus | None = None
     """What the operator injected and why."""
+    rollout: RolloutStatus | None = None
+    """Generations of prefill + decode and the rollout between them."""
 
 
 class ObjectMeta(BaseModel):

@@ -66,7 +66,11 @@ DNS1035: Final = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 CHILD_SUFFIXES: Final = ("prefill", "decode", contract.COMPONENT_ROUTER, "engines")
 """`<cr>-<suffix>` child names; a CR whose name ends in one of them would fight another CR for its children."""
 MAX_CR_NAME: Final = 63 - len("-prefill")
-"""The longest child name (`<cr>-prefill`/`<cr>-engines`) stays a DNS-1035 label without truncation."""
+"""A CR's own children (`<cr>-router`, `<cr>-engines`) stay DNS-1035 labels without truncation; a generation's
+(`<cr>-prefill-<hash>`) are shortened with a hash of the full name beyond 46 characters (api/names.py)."""
+GENERATION_SUFFIX: Final = "-(prefill|decode)-[0-9a-f]{8}$"
+"""`<cr>-prefill-<hash>`: a generation's children (hpd_operator.generations); a CR named like one would own its
+endpoint Service under the same name."""
 
 # ---------------------------------------------------------------------------------------------------------------
 # Quantities (the same grammar as k8s.io/apimachinery resource.Quantity, non-negative)
@@ -241,6 +245,15 @@ RULES: Final[tuple[Rule, ...]] = (
         + ": CR `a-prefill` would own the same objects as CR `a`'s prefill role",
         field=".metadata.name",
         check=_when(lambda cr: cr.metadata.name.endswith(tuple(f"-{s}" for s in CHILD_SUFFIXES)), ".metadata.name"),
+    ),
+    Rule(
+        id="name-no-generation-suffix",
+        scope="root",
+        cel=f"!self.metadata.name.matches('{GENERATION_SUFFIX}')",
+        message="metadata.name may not end in -prefill-<8 hex digits> or -decode-<8 hex digits>: CR "
+        "`a-prefill-1a2b3c4d` would own the same objects as the prefill generation 1a2b3c4d of CR `a`",
+        field=".metadata.name",
+        check=_when(lambda cr: re.search(GENERATION_SUFFIX, cr.metadata.name) is not None, ".metadata.name"),
     ),
     Rule(
         id="tp-divides",

@@ -8,30 +8,45 @@ from __future__ import annotations
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders.common import Manifest
-from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service
+from hpd_operator.builders.engine import (
+    build_engine_deployment,
+    build_engine_pdb,
+    build_engine_service,
+    generation_hash,
+)
 from hpd_operator.builders.lws import build_engine_group
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
-from hpd_operator.profile import Profile
+from hpd_operator.generations import Plan, fresh_plan
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
-__all__ = ["Manifest", "build_all"]
+__all__ = ["Manifest", "build_all", "generation_hash", "group_roles"]
 
 
-def build_all(cr: HybridPDDeployment, profile: Profile) -> list[Manifest]:
-    """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it)."""
+def group_roles(cr: HybridPDDeployment) -> frozenset[str]:
+    """The roles the spec runs as LeaderWorkerSet groups (a replica that spans nodes)."""
+    return frozenset(r for r in contract.ROLES if cr.spec.role(r).multi_node)
+
+
+def build_all(cr: HybridPDDeployment, profile: Profile, plan: Plan | None = None) -> list[Manifest]:
+    """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it): the engines
+    of the generation the spec asks for, and the router routing to `plan.route` (hpd_operator.generations). Without
+    a plan (nothing runs yet; `render`): generation 1, routed at once. Other generations the plan keeps are not
+    built: they stay as they are."""
+    plan = plan or fresh_plan(generation_hash(cr, profile), group_roles(cr))
     out: list[Manifest] = []
     for role in contract.ROLES:
-        out.append(build_engine_service(cr, role))
-        multi_node = cr.spec.role(role).multi_node
-        out.append((build_engine_group if multi_node else build_engine_deployment)(cr, profile, role))
-        pdb = build_engine_pdb(cr, role)
+        out.append(build_engine_service(cr, role, plan.desired))
+        build = build_engine_group if cr.spec.role(role).multi_node else build_engine_deployment
+        out.append(build(cr, profile, role, plan.desired))
+        pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)
     out += build_router_rbac(cr)
     out.append(build_router_service(cr))
-    out.append(build_router_deployment(cr))
+    out.append(build_router_deployment(cr, plan.route))
     out += build_pod_monitors(cr)
     out += build_network_policies(cr)
     return out

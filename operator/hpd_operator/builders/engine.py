@@ -1,4 +1,8 @@
-"""Prefill/decode Deployments, their headless Services and PodDisruptionBudgets (pure)."""
+"""Prefill/decode Deployments, their headless Services and PodDisruptionBudgets, one set per generation (pure).
+
+`engine_pod_template` is what a generation is made of (its hash is the generation's id, hpd_operator.generations);
+the per-generation builders add the generation's labels, names and selectors to it and point decode's pair check at
+its own generation's prefill Service."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.api.names import role_name, selector_labels, serving_selector
+from hpd_operator.api.names import prefill_service_host, role_name, selector_labels, serving_selector
 from hpd_operator.builders.common import (
     POD_SECURITY_DEFAULTS,
     Manifest,
@@ -17,7 +21,9 @@ from hpd_operator.builders.common import (
     labels,
     metadata,
 )
-from hpd_operator.profile import Profile, gemm_warmup_seconds
+from hpd_operator.generations import Generation, hash_templates
+from hpd_operator.profile import gemm_warmup_seconds
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -97,8 +103,9 @@ def _exec_probe(period: int, failures: int) -> dict[str, Any]:
 def engine_pod_template(
     cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None = None
 ) -> dict[str, Any]:
-    """The pod template of a role: of its Deployment, or (`group_role`) of the leader or the workers of its
-    LeaderWorkerSet, which differ only in the group-role label and env and the workers' `--headless`."""
+    """The pod template of a role without any generation in it (what the generation hash is computed from): of its
+    Deployment, or (`group_role`) of the leader or the workers of its LeaderWorkerSet, which differ only in the
+    group-role label and env and the workers' `--headless`."""
     name, rs = cr.metadata.name, cr.spec.role(role)
     own = labels(name, role) | ({contract.LABEL_GROUP_ROLE: group_role} if group_role else {})
     spec = _engine_pod_spec(cr, profile, role, group_role)
@@ -112,20 +119,69 @@ def engine_pod_template(
     return template
 
 
-def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
-    name, ns, rs = cr.metadata.name, cr.metadata.namespace, cr.spec.role(role)
-    template = engine_pod_template(cr, profile, role)
+def engine_group_templates(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
+    """What a role whose replica spans nodes runs, without any generation in it: the group size and the leader's and
+    the workers' pod templates (its LeaderWorkerSet's leaderWorkerTemplate is built from these)."""
+    return {
+        "size": profile.role(role).nodes,
+        "leaderTemplate": engine_pod_template(cr, profile, role, contract.GROUP_LEADER),
+        "workerTemplate": engine_pod_template(cr, profile, role, contract.GROUP_WORKER),
+    }
+
+
+def generation_hash(cr: HybridPDDeployment, profile: Profile) -> str:
+    """The id of the generation the spec asks for: a hash of both roles' pod templates (replicas, the router,
+    monitoring and network policy are not in them); of a role whose replica spans nodes, its group size and leader
+    and worker templates (so a one-pod role hashes as it did before multi-node roles, and a shape change is a new
+    generation)."""
+    return hash_templates(
+        {
+            role: engine_group_templates(cr, profile, role)
+            if profile.role(role).multi_node
+            else engine_pod_template(cr, profile, role)
+            for role in contract.ROLES
+        }
+    )
+
+
+def in_generation(template: dict[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
+    """The template of one generation: its labels on the pods, and decode's HPD_PREFILL_SERVICE (the profile names the
+    role's Service without a generation) pointed at this generation's prefill Service, so the pair check and the
+    re-checks after Ready only ever see prefill pods of the same generation."""
+    md = {**template["metadata"], "labels": {**template["metadata"]["labels"], **gen.labels()}}
+    spec = dict(template["spec"])
+    host = prefill_service_host(cr.metadata.name, cr.metadata.namespace, gen.hash)
+    spec["containers"] = [
+        {**c, "env": [{**e, "value": host} if e.get("name") == contract.ENV_PREFILL_SERVICE else e for e in c["env"]]}
+        if c.get("name") == CONTAINER_NAME
+        else c
+        for c in spec["containers"]
+    ]
+    return {**template, "metadata": md, "spec": spec}
+
+
+def progress_deadline_seconds(cr: HybridPDDeployment) -> int:
+    """The Deployment's progressDeadlineSeconds: the startup probe's whole budget (model load, GEMM sweep, warmup)
+    and a minute, so Kubernetes reports a generation that never becomes available (ProgressDeadlineExceeded: the
+    rollout is stuck) only after its pods had all the time they are allowed."""
+    w = cr.spec.warmup
+    return startup_failure_threshold(w.timeout_seconds, gemm_warmup_seconds(w)) * STARTUP_PERIOD_SECONDS + 60
+
+
+def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role, gen: Generation) -> Manifest:
+    name, rs = cr.metadata.name, cr.spec.role(role)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(name, ns, role_name(name, role), role),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
             "replicas": rs.replicas,
-            "selector": {"matchLabels": selector_labels(name, role)},
-            # GPUs are the scarce resource: never surge (a surge pod would wait for GPUs that do not exist);
-            # replace one pod at a time instead.
+            "selector": {"matchLabels": selector_labels(name, role, gen.hash)},
+            # A generation's template never changes (a changed template is a new generation); the strategy only
+            # matters for a pod replaced in place. GPUs are the scarce resource: never surge, one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": template,
+            "progressDeadlineSeconds": progress_deadline_seconds(cr),
+            "template": in_generation(engine_pod_template(cr, profile, role), cr, gen),
         },
     }
 
@@ -237,18 +293,29 @@ def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifest:
-    """Headless: DNS lists only Ready pods (publishNotReadyAddresses false); the decode pair check relies on it. Of a
-    role whose replicas span nodes, only the leaders (the pods that serve vLLM's API)."""
-    name, ns = cr.metadata.name, cr.metadata.namespace
+def generation_metadata(
+    cr: HybridPDDeployment, role: contract.Role, gen: Generation, name: str | None = None
+) -> dict[str, Any]:
+    """Metadata of one generation's child: `name` (default `<cr>-<role>-<gen>`) and the generation's labels."""
+    cr_name = cr.metadata.name
+    md = metadata(cr_name, cr.metadata.namespace, name or role_name(cr_name, role, gen.hash), role)
+    md["labels"].update(gen.labels())
+    return md
+
+
+def build_engine_service(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> Manifest:
+    """Headless, one per generation: DNS lists only the generation's Ready pods (publishNotReadyAddresses false);
+    the decode pair check relies on it. Of a role whose replicas span nodes, only the leaders (the pods that serve
+    vLLM's API)."""
+    name = cr.metadata.name
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(name, ns, role_name(name, role), role),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": False,
-            "selector": serving_selector(name, role, cr.spec.role(role).multi_node),
+            "selector": serving_selector(name, role, gen.hash, cr.spec.role(role).multi_node),
             "ports": [
                 {
                     "name": contract.PORT_NAME_HTTP,
@@ -267,15 +334,14 @@ def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifes
     }
 
 
-def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role) -> Manifest | None:
-    """One voluntary disruption at a time, only when the role has >= 2 replicas (with one, a PDB would either
-    block node drains forever or protect nothing)."""
+def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> Manifest | None:
+    """One voluntary disruption at a time per generation, only when the role has >= 2 replicas (with one, a PDB
+    would either block node drains forever or protect nothing)."""
     if cr.spec.role(role).replicas < 2:
         return None
-    name, ns = cr.metadata.name, cr.metadata.namespace
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": metadata(name, ns, role_name(name, role), role),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name, role)}},
+        "metadata": generation_metadata(cr, role, gen),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(cr.metadata.name, role, gen.hash)}},
     }
