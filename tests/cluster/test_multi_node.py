@@ -241,12 +241,12 @@ def test_scale_shape_change_and_delete_of_a_role_that_spans_nodes(
     assert engine_deployments(api_client, ns, name, "prefill") == [f"{name}-prefill-{second}"]
     assert got["status"]["rollout"]["latestGeneration"] == 2
 
-    patch_spec(api_client, ns, name, {"decode": {"tensorParallelSize": 16}})  # and back: a LeaderWorkerSet again
-    got = wait_cr(api_client, ns, name, lambda c: serving(api_client, ns, name) not in (first, second)
-                  and settled_on(c, serving(api_client, ns, name)), "decode as a LeaderWorkerSet again", timeout=90)  # fmt: skip
-    third = serving(api_client, ns, name)
+    # and back: a LeaderWorkerSet again, the same templates as the first generation (so its hash), number 3
+    patch_spec(api_client, ns, name, {"decode": {"tensorParallelSize": 16}})
+    got = wait_cr(api_client, ns, name, lambda c: settled_on(c, first) and c["status"]["rollout"]["servingGeneration"] == 3,
+                  "decode as a LeaderWorkerSet again", timeout=90)  # fmt: skip
     assert got["status"]["rollout"]["latestGeneration"] == 3  # numbers never repeat, even for the same templates
-    assert group_names(api_client, ns) == [f"{name}-decode-{third}"]
+    assert group_names(api_client, ns) == [f"{name}-decode-{first}"]
     wait_for(lambda: not engine_deployments(api_client, ns, name, "decode"), T, what="the decode Deployment pruned")
 
     # delete: the garbage collector takes the LeaderWorkerSet, and LWS its StatefulSets and pods
