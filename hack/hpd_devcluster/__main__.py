@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from hpd_devcluster import build, cluster
+from hpd_devcluster import build, cluster, lws
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="print PIDs, ports and health as JSON; exit 1 if not healthy")
     p_build = sub.add_parser("build", help="only build/fetch the binaries into the cache")
     p_build.add_argument(
-        "--test-tools", action="store_true", help="also the tests' tools (cyclonus, the NetworkPolicy evaluator)"
+        "--test-tools",
+        action="store_true",
+        help="also the tests' tools (cyclonus, the NetworkPolicy evaluator; LeaderWorkerSet, for multi-node roles)",
     )
     args = parser.parse_args(argv)
 
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             paths = {k: str(v) for k, v in bins.all().items()}
             if args.test_tools:
                 paths["cyclonus"] = str(build.ensure_cyclonus())
+                paths["lws"] = str(lws.ensure_built() / "lws-manager")
             print(json.dumps(paths, indent=2))
         elif args.command == "up":
             t0 = time.monotonic()

@@ -508,6 +508,10 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
     state = ClusterState.load(name)
     if state is None:
         return []
+    from hpd_devcluster import lws  # lws imports this module
+
+    with contextlib.suppress(OSError, ClusterError, urllib.error.URLError):
+        lws.stop(state)  # a LeaderWorkerSet controller the tests started on this cluster
     stopped = stop(state)
     shutil.rmtree(state.root / "etcd-data", ignore_errors=True)
     (state.root / "state.json").unlink(missing_ok=True)

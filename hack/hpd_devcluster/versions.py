@@ -11,6 +11,10 @@ ETCD = "3.6.16"
 KWOK = "0.8.0"
 """sigs.k8s.io/kwok: fake nodes whose pods reach Running/Ready without a kubelet."""
 
+LWS = "0.9.0"
+"""sigs.k8s.io/lws (LeaderWorkerSet), for the tests of replicas that span nodes: the newest release whose module the
+Go proxy serves in full (v0.10.0's .info is listed but its .zip is refused). Its go.mod asks for Go 1.26."""
+
 CYCLONUS = "0.5.6"
 """github.com/mattfenwick/cyclonus: evaluates traffic against NetworkPolicy files offline (`analyze --mode
 query-traffic`); the tests use it to check the operator's NetworkPolicies, which the local control plane (no network

@@ -105,7 +105,10 @@ def run(ns: argparse.Namespace) -> int:
         namespaces=ns.namespace,
         liveness_endpoint=f"http://0.0.0.0:{ns.liveness_port}/healthz" if ns.liveness_port else None,
     )
-    return 0
+    from hpd_operator import leaderworkerset
+
+    # stopped itself to watch a kind installed after its start (LeaderWorkerSet): its Deployment restarts it
+    return leaderworkerset.EXIT_RESTART if leaderworkerset.restart_requested() else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,6 +43,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
+    Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
 )
 """Every kind the builders can produce: apply and prune both walk this table."""
 _BY_KEY = {(k.api_version, k.kind): k for k in KINDS}

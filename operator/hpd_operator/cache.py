@@ -67,8 +67,10 @@ _LABELS = (
     contract.LABEL_COMPONENT,
     contract.LABEL_GENERATION,
     contract.LABEL_GENERATION_NUMBER,
+    contract.LABEL_GROUP_ROLE,
 )
-"""The only labels the reconcile reads (grouping, `managed`, a pod's role, the generation it belongs to)."""
+"""The only labels the reconcile reads (grouping, `managed`, a pod's role, the generation it belongs to, a group
+leader: status.ready_count)."""
 OTHER_FIELDS: dict[str, Any] = {"f:(more than annotations)": {}}
 """Stands for another manager's field set that sets more than annotations: all drift.touched_by_others needs."""
 
@@ -128,11 +130,21 @@ def _problem_conditions(conditions: Any) -> list[dict[str, Any]]:
     return out
 
 
+_GROUP_STATUS = ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration")
+"""A LeaderWorkerSet's status counts groups (status.role_state)."""
+
+
 def trim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What the reconcile reads of a child: metadata (ownership, hash, generation, managers), and for Deployments
-    spec.replicas + the status counts and problem conditions (status.py)."""
+    spec.replicas + the status counts and problem conditions, for LeaderWorkerSets spec.replicas, the group size and
+    the status counts (status.py)."""
     out: dict[str, Any] = {"apiVersion": _s(obj.get("apiVersion")), "kind": _s(obj.get("kind"))}
     out["metadata"] = _meta(obj.get("metadata") or {})
+    if obj.get("kind") == "LeaderWorkerSet":
+        sp, st = obj.get("spec") or {}, obj.get("status") or {}
+        size = (sp.get("leaderWorkerTemplate") or {}).get("size")
+        out["spec"] = {"replicas": sp.get("replicas"), "leaderWorkerTemplate": {"size": size}}
+        out["status"] = {k: st[k] for k in _GROUP_STATUS if k in st}
     if obj.get("kind") == "Deployment":
         st = obj.get("status") or {}
         out["spec"] = {"replicas": (obj.get("spec") or {}).get("replicas")}

@@ -93,6 +93,8 @@ class Reason(StrEnum):
     """A child's name is taken by an object this CR does not own; it is left alone."""
     RECONCILE_ERROR = "ReconcileError"
     """An unexpected error in one step (named in the message); other CRs are not affected."""
+    LWS_MISSING = "LeaderWorkerSetMissing"
+    """A role's replica spans nodes (a LeaderWorkerSet) and LeaderWorkerSet is not installed; nothing is applied."""
     RISKY_SPEC = "RiskySpec"
     """Not fatal, deployed anyway (Warning Event, status.profile.warnings): e.g. an image tag naming another vLLM
     release than spec.vllmVersion, a spec.blockSize vLLM may raise."""
@@ -113,7 +115,7 @@ class Reason(StrEnum):
 
 
 FAILURE_REASONS: frozenset[Reason] = frozenset(
-    {Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT, Reason.RECONCILE_ERROR}
+    {Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT, Reason.RECONCILE_ERROR, Reason.LWS_MISSING}
 )
 ROLE_PROBLEM_REASONS: frozenset[Reason] = frozenset(
     {Reason.ROLLOUT_FAILED, Reason.UNSCHEDULABLE, Reason.NODE_LOST, Reason.NOT_SCHEDULED}

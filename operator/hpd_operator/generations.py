@@ -5,7 +5,10 @@ both templates (`builders.generation_hash`): any change that reaches what the en
 model, TP, block size, flags, env, kvTransfer, warmup, resources, scheduling) is a new generation; replicas, the
 router, monitoring and network policy are not in the templates, so they never start one. Each generation has its
 own Deployments and headless Services, `<cr>-prefill-<hash>` / `<cr>-decode-<hash>`, whose selectors and pods
-carry `hybridpd.io/generation=<hash>`, and a sequence number (`hybridpd.io/generation-number`) for people.
+carry `hybridpd.io/generation=<hash>`, and a sequence number (`hybridpd.io/generation-number`) for people. A role
+whose replica spans nodes (docs/multi-node.md) is one LeaderWorkerSet per generation instead of a Deployment, named,
+labelled and gated the same way (its counts are groups: a group is Ready when its leader is); its leader and worker
+templates and the group size are what its share of the hash is computed from, so a shape change is a new generation.
 
 The router (`<cr>-router`, one Deployment behind the `<cr>` Service) routes to one generation at a time: its
 discovery selectors name that generation's hash, and its pods carry it as a label. `plan_rollout` decides, from
@@ -39,6 +42,7 @@ HASH_LENGTH = 8
 generations at a time, so collisions are not a concern."""
 
 Manifest = dict[str, Any]
+GROUP_KIND = "LeaderWorkerSet"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class Generation:
 
     hash: str
     number: int
+    groups: frozenset[str] = field(default=frozenset(), compare=False)
+    """Roles that run as LeaderWorkerSet groups in this generation (replicas that span nodes): the router's discovery
+    and the role's headless Service select their leaders only. Known from the spec for the generation it asks for,
+    from the live workloads for any other; not part of the identity (the hash already is)."""
 
     def labels(self) -> dict[str, str]:
         return {contract.LABEL_GENERATION: self.hash, contract.LABEL_GENERATION_NUMBER: str(self.number)}
@@ -85,9 +93,14 @@ def _owned(obj: Mapping[str, Any], uid: str) -> bool:
 
 
 # --- what runs -----------------------------------------------------------------------------------------------------
+WORKLOAD_KINDS = frozenset({"Deployment", GROUP_KIND})
+"""What runs a role's replicas: a Deployment (one pod per replica) or a LeaderWorkerSet (a group of pods)."""
+
+
 @dataclass
 class LiveGeneration:
-    """One generation as it runs: its engine Deployments (by role) and their pods."""
+    """One generation as it runs: its engine workloads (by role: a Deployment, or a LeaderWorkerSet for a role whose
+    replica spans nodes) and their pods (a group's leader and workers alike)."""
 
     hash: str
     number: int | None = None
@@ -95,9 +108,14 @@ class LiveGeneration:
     pods: dict[str, list[Manifest]] = field(default_factory=lambda: {r: [] for r in contract.ROLES})
 
     def replicas(self, role: str) -> int:
-        """The role's desired replicas as its Deployment has them (0 when it is missing)."""
+        """The role's desired replicas as its Deployment (LeaderWorkerSet: groups) has them (0 when it is missing)."""
         dep = self.deployments.get(role) or {}
         return int((dep.get("spec") or {}).get("replicas") or 0)
+
+    @property
+    def groups(self) -> frozenset[str]:
+        """Roles that run as LeaderWorkerSet groups in this generation."""
+        return frozenset(r for r, d in self.deployments.items() if d.get("kind") == GROUP_KIND)
 
 
 @dataclass
@@ -124,15 +142,15 @@ class Live:
 
 
 def observe(children: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], uid: str) -> Live:
-    """Group what a CR owns by generation: engine Deployments by their generation label (owned by `uid`), engine
-    pods by theirs, the router Deployment and the router pods. Engine objects without a generation label (made by
-    an operator before generations) belong to no generation: the reconcile prunes them as stale."""
+    """Group what a CR owns by generation: engine Deployments and LeaderWorkerSets by their generation label (owned
+    by `uid`), engine pods by theirs, the router Deployment and the router pods. Engine objects without a generation
+    label (made by an operator before generations) belong to no generation: the reconcile prunes them as stale."""
     live = Live()
     for obj in children:
-        if obj.get("kind") != "Deployment" or not _owned(obj, uid):
+        if obj.get("kind") not in WORKLOAD_KINDS or not _owned(obj, uid):
             continue
         comp, gen = component_of(obj), generation_of(obj)
-        if comp == contract.COMPONENT_ROUTER:
+        if comp == contract.COMPONENT_ROUTER and obj.get("kind") == "Deployment":
             live.router = dict(obj)
         elif comp in contract.ROLES and gen is not None:
             g = live.generations.setdefault(gen, LiveGeneration(gen))
@@ -167,9 +185,10 @@ class Plan:
         return self.route.hash != self.desired.hash
 
 
-def fresh_plan(desired_hash: str) -> Plan:
-    """The plan of a CR with nothing running yet (and of `render`): generation 1, routed at once."""
-    gen = Generation(desired_hash, 1)
+def fresh_plan(desired_hash: str, groups: Iterable[str] = ()) -> Plan:
+    """The plan of a CR with nothing running yet (and of `render`): generation 1, routed at once. `groups`: the roles
+    the spec runs as LeaderWorkerSet groups."""
+    gen = Generation(desired_hash, 1, frozenset(groups))
     return Plan(desired=gen, route=gen, keep=frozenset({desired_hash}), latest=1)
 
 
@@ -181,6 +200,7 @@ def plan_rollout(
     *,
     answering: Mapping[str, bool] | None = None,
     served: Iterable[str] = (),
+    groups: Iterable[str] = (),
 ) -> Plan:
     """Which generation the spec wants, which one the router selects, which ones stay (see the module doc).
 
@@ -188,6 +208,7 @@ def plan_rollout(
     `answering`: generation hash -> at least one Ready pod of each role (it can answer a request now).
     `latest`: the highest number the CR's status recorded, so numbers never repeat after a generation is gone.
     `served`: the generations the status recorded as having served.
+    `groups`: the roles the spec runs as LeaderWorkerSet groups (those of the desired generation).
 
     Only a generation that serves or served is protected (kept until the new one is Ready, and its draining
     router pods waited for): one that never became Ready and cannot answer now (a first deploy with bad flags) holds
@@ -195,7 +216,7 @@ def plan_rollout(
     top = max(latest, live.latest_number())
     existing = live.generations.get(desired_hash)
     number = existing.number if existing is not None and existing.number is not None else top + 1
-    desired = Generation(desired_hash, number)
+    desired = Generation(desired_hash, number, frozenset(groups))
     target = live.router_target
     has_served = {h for h in served if h in live.generations}
     if target is not None and ready.get(target):
@@ -223,7 +244,7 @@ def _route(desired: Generation, live: Live, ready: Mapping[str, bool], protected
 def _identity(g: LiveGeneration, desired: Generation) -> Generation:
     if g.hash == desired.hash:
         return desired
-    return Generation(g.hash, g.number or 0)
+    return Generation(g.hash, g.number or 0, g.groups)
 
 
 def kept(obj: Mapping[str, Any], plan: Plan) -> bool:
@@ -295,6 +316,7 @@ def hold_plan(live: Live, served: Iterable[str] = ()) -> Plan | None:
         return None
     newest = max(live.generations.values(), key=lambda g: g.number or 0)
     current = live.generations.get(live.router_target or "") or newest
-    route, desired = Generation(current.hash, current.number or 0), Generation(newest.hash, newest.number or 0)
+    route = Generation(current.hash, current.number or 0, current.groups)
+    desired = Generation(newest.hash, newest.number or 0, newest.groups)
     known = frozenset(set(served) & set(live.generations))
     return Plan(desired, route, frozenset(live.generations), live.latest_number(), known)

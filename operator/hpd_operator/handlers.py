@@ -65,10 +65,11 @@ from kubernetes import client, config
 
 from hpd_operator import apply as k8s
 from hpd_operator import blame, drift, generations, metrics, podevents, report, settings
+from hpd_operator import leaderworkerset as lws
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import instance_label
 from hpd_operator.api.parse import parse_cr
-from hpd_operator.builders import Manifest, build_all, generation_hash
+from hpd_operator.builders import Manifest, build_all, generation_hash, group_roles
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
@@ -88,6 +89,7 @@ from hpd_runtime import contract
 
 RESOURCE = (contract.GROUP, contract.VERSION, contract.PLURAL)
 PODMONITOR = ("monitoring.coreos.com/v1", "PodMonitor")
+LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 Key = tuple[str, str, str]
 log = logging.getLogger("hpd_operator")
 
@@ -101,6 +103,8 @@ class Capabilities:
 
     podmonitors: bool
     nodes: bool
+    lws: bool = False
+    """LeaderWorkerSet is served: roles whose replicas span nodes can be built (lws.py: re-checked while missing)."""
 
 
 _STATE: dict[str, Any] = {}
@@ -134,6 +138,7 @@ def setup(deadline_s: float = 120.0) -> Capabilities:
             caps = Capabilities(
                 podmonitors=k8s.api_available(api, *PODMONITOR),
                 nodes=report.may(api, "list", "nodes") and report.may(api, "watch", "nodes"),
+                lws=k8s.api_available(api, *LWS),
             )
             break
         except (client.ApiException, urllib3.exceptions.HTTPError, OSError) as e:
@@ -143,7 +148,7 @@ def setup(deadline_s: float = 120.0) -> Capabilities:
             time.sleep(2)
     _STATE["api"], _STATE["caps"] = api, caps
     _register_children(caps)
-    log.info(f"watching PodMonitors: {caps.podmonitors}; watching nodes: {caps.nodes}")
+    log.info(f"watching PodMonitors: {caps.podmonitors}; LeaderWorkerSets: {caps.lws}; nodes: {caps.nodes}")
     return caps
 
 
@@ -264,6 +269,8 @@ def _watched(caps: Capabilities) -> list[tuple[str, str, str]]:
     for kind in k8s.KINDS:
         if (kind.api_version, kind.kind) == PODMONITOR and not caps.podmonitors:
             continue
+        if (kind.api_version, kind.kind) == LWS and not caps.lws:
+            continue
         group, _, version = kind.api_version.rpartition("/")
         out.append((group, version, kind.plural))
     return out
@@ -313,6 +320,7 @@ class Run:
     cache: Cache
     body: Mapping[str, Any]
     podmonitor_served: bool = False
+    lws_served: bool = False
     cr: HybridPDDeployment | None = None
     profile: Profile | None = None
     desired: list[Manifest] = field(default_factory=list)
@@ -385,7 +393,8 @@ def plan(run: Run) -> generations.Plan:
         ready[h], answering[h] = generation_ready(g, desired, nodes, now), generation_answering(g, desired, nodes, now)
     latest = int(((run.body.get("status") or {}).get("rollout") or {}).get("latestGeneration") or 0)
     served = served_generations(run.body)
-    return generations.plan_rollout(want, live, ready, latest, answering=answering, served=served)
+    groups = group_roles(run.cr)
+    return generations.plan_rollout(want, live, ready, latest, answering=answering, served=served, groups=groups)
 
 
 def served_generations(body: Mapping[str, Any]) -> list[str]:
@@ -410,6 +419,9 @@ def build(run: Run) -> None:
             "PodMonitors skipped: monitoring.coreos.com/v1 PodMonitor is not served (no Prometheus Operator)"
         )
         desired = [d for d in desired if (d["apiVersion"], d["kind"]) != PODMONITOR]
+    if not run.lws_served and any((d["apiVersion"], d["kind"]) == LWS for d in desired):
+        run.failure = lws.missing(run.api)  # nothing is applied, nothing half-built
+        return
     for obj in desired:
         kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
     run.desired = [drift.stamped(obj) for obj in desired]
@@ -737,7 +749,7 @@ def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Ru
     """The steps, then observe + report. Raises TransientError (and lets connection errors through) only for
     failures worth a blind retry; everything else ends in this CR's status."""
     with metrics.reconcile() as outcome:
-        run = Run(api, cache, body, podmonitor_served=_caps().podmonitors)
+        run = Run(api, cache, body, podmonitor_served=_caps().podmonitors, lws_served=_caps().lws)
         run_steps(run)
         try:
             observe(run)
@@ -793,9 +805,10 @@ def schedule(queue: WorkQueue[CRKey], key: CRKey, run: Run | None) -> None:
         if run is not None and run.requeue_after is not None:
             queue.add_after(key, run.requeue_after)
         return
-    conflict = run.failure is not None and run.failure.reason == Reason.OWNERSHIP_CONFLICT
+    # no event announces what these wait for: the deletion of an object without our label, LWS being installed
+    recheck = run.failure is not None and run.failure.reason in (Reason.OWNERSHIP_CONFLICT, Reason.LWS_MISSING)
     first = queue.failures(key) == 0
-    delay = queue.add_rate_limited(key, settings.current().recheck_seconds if conflict else None)
+    delay = queue.add_rate_limited(key, settings.current().recheck_seconds if recheck else None)
     (log.info if first else log.debug)(f"{key[0]}/{key[1]}: not converged, retrying in {delay:.1f} s: {why}")
 
 

@@ -64,7 +64,7 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     """Each section writes its settings with their reasons; the sections run in the order status.profile lists
     the injections and land in env/args in the order the container gets them (HPD_POD_IP first)."""
     s, rs = _Settings(), valid.spec.role(role)
-    side_channel = _side_channel_env(s, valid)
+    side_channel = _side_channel_env(s, valid) + _host_ip_env(s, valid, role)
     layout = _layout_env(s, valid)
     gemm = _gemm_env(s, valid.spec.warmup)
     args = _core_args(s, valid, role) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
@@ -74,6 +74,7 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     devices, caps = _fabric_pod(s, valid)
     env = side_channel + layout + _ucx_env(valid) + fabric + _runtime_env(valid, role) + chunk
     env += _warmup_env(valid, role) + gemm + _user_env(valid) + _pod_env(valid, role)
+    worker_args = _worker_args(s, valid, role)
     return RoleProfile(
         role=role,
         tensor_parallel_size=rs.tensor_parallel_size,
@@ -83,6 +84,9 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
         injections=tuple(s.injections),
         devices=devices,
         capabilities=caps,
+        nodes=rs.nodes_per_replica,
+        gpus_per_pod=rs.gpus_per_pod,
+        worker_args=worker_args,
     )
 
 
@@ -100,6 +104,18 @@ def _side_channel_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
         s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, f"$({contract.ENV_POD_IP})", host_reason, shown="status.podIP"),
         s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, port, "NIXL side-channel base port from spec.kvTransfer"),
     ]
+
+
+def _host_ip_env(s: _Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    """A replica that spans nodes: the address vLLM's ranks advertise to each other is the pod IP, unless spec.env
+    names another (a second network for the ranks' traffic)."""
+    if not valid.spec.role(role).multi_node or any(e.name == contract.ENV_VLLM_HOST_IP for e in valid.spec.env):
+        return []
+    why = (
+        "the address vLLM's processes advertise to the ranks on other nodes (the leader's message queue, "
+        "v1/executor/multiproc_executor.py mq_connect_ip = get_ip()): the pod IP, not a guess from the default route"
+    )
+    return [s.env(contract.ENV_VLLM_HOST_IP, f"$({contract.ENV_POD_IP})", why, shown="status.podIP")]
 
 
 def _layout_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
@@ -244,6 +260,7 @@ def _core_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]
     spec, rs = valid.spec, valid.spec.role(role)
     args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(contract.VLLM_PORT)]
     args += ["--tensor-parallel-size", str(rs.tensor_parallel_size)]
+    args += _parallel_args(s, valid, role)
     if spec.block_size is not None:
         args += s.flag(
             "--block-size",
@@ -258,6 +275,48 @@ def _core_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]
     if gmu is not None:
         args += ["--gpu-memory-utilization", _num(gmu)]
     return args
+
+
+def _parallel_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+    """Pipeline stages, and vLLM's own multi-node launch for a replica that spans nodes (every pod of the group gets
+    the same args; the kubelet fills in what LeaderWorkerSet's webhook put into the env: the node rank and the
+    leader's address)."""
+    rs, row = valid.spec.role(role), valid.row
+    args: list[str] = []
+    if rs.pipeline_parallel_size > 1:
+        why = f"spec.{role}.pipelineParallelSize: {rs.gpus_per_replica} GPUs per replica (TP x PP)"
+        args += s.flag("--pipeline-parallel-size", str(rs.pipeline_parallel_size), why)
+    if not rs.multi_node:
+        return args
+    mp = f"[{row.cite('multi-node-mp')}]"
+    nodes = f"{rs.gpus_per_replica} GPUs per replica over {rs.nodes_per_replica} nodes of spec.{role}.gpusPerNode"
+    args += s.flag(
+        "--distributed-executor-backend", "mp", f"vLLM's multiprocessing executor spans the nodes, no Ray {mp}"
+    )
+    args += s.flag("--nnodes", str(rs.nodes_per_replica), f"{nodes} ({rs.gpus_per_pod} ranks on each pod)")
+    args += s.flag(
+        "--node-rank",
+        f"$({contract.ENV_LWS_WORKER_INDEX})",
+        "each pod's index in its LeaderWorkerSet group (0 = leader)",
+    )
+    args += s.flag(
+        "--master-addr",
+        f"$({contract.ENV_LWS_LEADER_ADDRESS})",
+        "the group leader's DNS name (LeaderWorkerSet's per-group headless Service): torch.distributed's rendezvous",
+    )
+    return args + s.flag(
+        "--master-port", str(contract.MASTER_PORT), "torch.distributed's rendezvous port on the leader"
+    )
+
+
+def _worker_args(s: _Settings, valid: Validated, role: contract.Role) -> tuple[str, ...]:
+    if not valid.spec.role(role).multi_node:
+        return ()
+    why = (
+        "on the workers of a group only: vLLM runs the ranks of its node without an API server (the leader serves, "
+        f"warms up, runs the pair check and joins the router) [{valid.row.cite('multi-node-mp')}]"
+    )
+    return tuple(s.flag("--headless", why=why))
 
 
 def _kv_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
@@ -344,6 +403,10 @@ def compute_profile(valid: Validated) -> Profile:
         rules=tuple(
             VersionRuleStatus(rule=r.key, versions=r.versions, upstream=r.upstream, note=r.note)
             for r in row.rules
-            if info.hybrid or not r.hybrid_only
+            if r.applies(
+                hybrid=info.hybrid,
+                multi_node=any(spec.role(ro).multi_node for ro in contract.ROLES),
+                pipeline_parallel=any(spec.role(ro).pipeline_parallel_size > 1 for ro in contract.ROLES),
+            )
         ),
     )

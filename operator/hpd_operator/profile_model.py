@@ -55,6 +55,16 @@ class RoleProfile(_Frozen):
     """Extended resources the fabric needs per pod (limits = requests), e.g. (("rdma/ib", 1),)."""
     capabilities: tuple[str, ...] = ()
     """Linux capabilities the fabric adds to the vLLM container (everything else stays dropped)."""
+    nodes: int = 1
+    """Pods of one replica: 1, or the nodes a replica spans (a LeaderWorkerSet group of this size)."""
+    gpus_per_pod: int = 1
+    """The GPUs each pod gets (nvidia.com/gpu unless spec.<role>.resources says otherwise)."""
+    worker_args: tuple[str, ...] = ()
+    """What the workers of a replica that spans nodes add to `args` (`--headless`: vLLM's ranks without an API)."""
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
     def env_k8s(self) -> list[dict[str, object]]:
         return [e.to_k8s() for e in self.env]

@@ -18,7 +18,7 @@ from kubernetes import client
 
 from hpd_operator import apply as k8s
 from hpd_operator import metrics
-from hpd_operator.api.names import component_names
+from hpd_operator.api.names import component_names, group_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
@@ -35,12 +35,18 @@ def now() -> str:
 def observe_deployments(
     children: Iterable[Mapping[str, Any]], name: str, uid: str, generation: str | None = None
 ) -> dict[str, dict[str, Any] | None]:
-    """Component -> its live Deployment, if this CR owns it (from the CR's cached children): the router, and the
-    engines of `generation` (hpd_operator.generations)."""
-    by_name = {
-        d["metadata"]["name"]: dict(d) for d in children if d.get("kind") == "Deployment" and k8s.owned_by(d, uid)
-    }
-    return {comp: by_name.get(n) for comp, n in component_names(name, generation).items()}
+    """Component -> its live workload, if this CR owns it (from the CR's cached children): the router's Deployment,
+    and the engines of `generation` (hpd_operator.generations): a role's Deployment, or its LeaderWorkerSet when its
+    replicas span nodes in that generation (a generation has one or the other: the shape is in its hash)."""
+    owned = [d for d in children if k8s.owned_by(d, uid)]
+    deployments = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "Deployment"}
+    groups = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "LeaderWorkerSet"}
+    out = {comp: deployments.get(n) for comp, n in component_names(name, generation).items()}
+    for role in contract.ROLES:
+        group = groups.get(group_name(name, role, generation))
+        if group is not None and out[role] is None:
+            out[role] = group
+    return out
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -55,6 +55,17 @@ class RoleState:
     """The router: its Deployment surges (maxUnavailable 0), so while it rolls (a generation switch, a router
     update) its Ready pods of either template serve: Ready when as many pods as desired are Ready, whichever
     template they run; the roll itself shows in `rolling` (Progressing)."""
+    group_size: int = 1
+    """Pods per replica: > 1 for a role whose replicas span nodes (a LeaderWorkerSet; the counts are groups)."""
+
+    @property
+    def workload(self) -> str:
+        return "LeaderWorkerSet" if self.group_size > 1 else "Deployment"
+
+    @property
+    def unit(self) -> str:
+        """What the counts in a message count."""
+        return f"replicas (groups of {self.group_size} pods)" if self.group_size > 1 else "replicas"
 
     @property
     def ready_all(self) -> bool:
@@ -147,15 +158,29 @@ def pod_problems(
     return out, lost_ready
 
 
-def ready_count(st: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None) -> int:
-    """The Deployment's readyReplicas, but never more than the Ready pods seen (`pods` None: not observed). The
-    Deployment controller lowers its count only after a pod is gone: a status computed from the pod's delete event
-    in between would count the deleted pod as Ready (seen: Ready=True with no decode pod Ready after a node loss)."""
+def ready_count(st: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None, groups: bool = False) -> int:
+    """The Deployment's (LeaderWorkerSet's: `groups`) readyReplicas, but never more than the Ready pods (group
+    leaders) seen (`pods` None: not observed). The controller lowers its count only after a pod is gone: a status
+    computed from the pod's delete event in between would count the deleted pod as Ready (seen: Ready=True with no
+    decode pod Ready after a node loss)."""
     ready = int(st.get("readyReplicas") or 0)
     if pods is None:
         return ready
+    if groups:
+        pods = [p for p in pods if _labels(p).get(contract.LABEL_GROUP_ROLE) == contract.GROUP_LEADER]
     seen = sum(1 for p in pods if _pod_ready(p) and not (p.get("metadata") or {}).get("deletionTimestamp"))
     return min(ready, seen)
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def group_size(workload: Mapping[str, Any] | None) -> int:
+    """Pods per replica of a LeaderWorkerSet (1 for a Deployment or nothing)."""
+    if workload is None or workload.get("kind") != "LeaderWorkerSet":
+        return 1
+    return int(((workload.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
 
 
 def role_state(
@@ -167,22 +192,28 @@ def role_state(
     *,
     not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     surges: bool = False,
+    expected_group_size: int = 1,
 ) -> RoleState:
+    """The role from its Deployment or LeaderWorkerSet (`deployment`; counts are then groups, not pods) and its
+    pods; `expected_group_size`: the spec's pods per replica, for a workload that does not exist yet."""
     problems, lost_ready = pod_problems(pods or (), nodes, now, not_scheduled_after)
     if deployment is None:
-        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems), surges)
+        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems), surges, expected_group_size)
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
     caught_up = st.get("observedGeneration", 0) >= md.get("generation", 1) and sp.get("replicas", 1) == desired
+    size = group_size(deployment)
+    ready = max(ready_count(st, pods, groups=size > 1) - lost_ready, 0)
     return RoleState(
         desired=desired,
         replicas=int(st.get("replicas") or 0),
-        ready=max(ready_count(st, pods) - lost_ready, 0),
+        ready=ready,
         updated=int(st.get("updatedReplicas") or 0),
-        available=int(st.get("availableReplicas") or 0),
+        available=int(st.get("availableReplicas") or 0) if size == 1 else ready,
         exists=True,
         caught_up=caught_up,
         problems=tuple(_deployment_problems(st) + problems),
         surges=surges,
+        group_size=size,
     )
 
 
@@ -210,18 +241,18 @@ def _role_condition_plain(comp: str, s: RoleState) -> dict[str, str]:
     if not s.exists:
         if s.problems:
             return _cond(
-                name, False, s.problems[0][0], f"the {comp} Deployment does not exist; {_problem_text(s.problems)}"
+                name, False, s.problems[0][0], f"the {comp} {s.workload} does not exist; {_problem_text(s.problems)}"
             )
-        return _cond(name, False, Reason.MISSING, f"the {comp} Deployment does not exist yet")
+        return _cond(name, False, Reason.MISSING, f"the {comp} {s.workload} does not exist yet")
     if s.desired == 0:
         return _cond(name, True, Reason.SCALED_TO_ZERO, f"{comp} is scaled to 0 replicas")
     if s.ready_all:
         extra = f"; {_problem_text(s.problems)}" if s.problems else ""
-        return _cond(name, True, Reason.ALL_REPLICAS_READY, f"{s.ready}/{s.desired} {comp} replicas ready{extra}")
+        return _cond(name, True, Reason.ALL_REPLICAS_READY, f"{s.ready}/{s.desired} {comp} {s.unit} ready{extra}")
     if s.problems:
-        msg = f"{s.ready}/{s.desired} {comp} replicas ready; {_problem_text(s.problems)}"
+        msg = f"{s.ready}/{s.desired} {comp} {s.unit} ready; {_problem_text(s.problems)}"
         return _cond(name, False, s.problems[0][0], msg)
-    msg = f"{s.ready}/{s.desired} {comp} replicas ready, {s.updated} updated"
+    msg = f"{s.ready}/{s.desired} {comp} {s.unit} ready, {s.updated} updated"
     return _cond(name, False, Reason.REPLICAS_NOT_READY, msg)
 
 
@@ -341,7 +372,10 @@ def generation_states(
     now: str | None,
     *,
     not_scheduled_after: float = NOT_SCHEDULED_AFTER,
+    sizes: Mapping[str, int] | None = None,
 ) -> dict[str, RoleState]:
+    """Each role's state in generation `g` (its Deployment or LeaderWorkerSet and its pods); `sizes`: pods per
+    replica as the spec has them, for a workload that does not exist yet."""
     return {
         r: role_state(
             desired[r],
@@ -350,6 +384,7 @@ def generation_states(
             nodes,
             now,
             not_scheduled_after=not_scheduled_after,
+            expected_group_size=(sizes or {}).get(r, 1),
         )
         for r in contract.ROLES
     }
@@ -374,16 +409,16 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def _gpus(spec: HybridPDDeploymentSpec | None) -> int:
-    """GPUs one generation asks for (the role's GPU limit, else its TP size, times its replicas)."""
+    """GPUs one generation asks for: per replica the role's GPU limit times its pods (a replica that spans nodes has
+    one pod per node), else its TP x PP size; times its replicas."""
     if spec is None:
         return 0
     total = 0
     for r in contract.ROLES:
         rs = spec.role(r)
         limit = (rs.resources.limits or {}).get(GPU_RESOURCE) if rs.resources is not None else None
-        total += rs.replicas * (
-            int(limit) if isinstance(limit, int | str) and str(limit).isdigit() else rs.tensor_parallel_size
-        )
+        per_pod = int(limit) if isinstance(limit, int | str) and str(limit).isdigit() else None
+        total += rs.replicas * (per_pod * rs.nodes_per_replica if per_pod is not None else rs.gpus_per_replica)
     return total
 
 
@@ -407,12 +442,18 @@ class _Generations:
         not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     ) -> _Generations:
         want, wait = view.plan.desired.hash, not_scheduled_after
-        states = {h: generation_states(g, generation_desired(spec, g, want), nodes, now, not_scheduled_after=wait)
-                  for h, g in view.live.generations.items()}  # fmt: skip
+        sizes: dict[str, int] | None = None
+        if spec is not None:
+            sizes = {r: spec.role(r).nodes_per_replica for r in contract.ROLES}
+
+        def states_of(h: str, g: LiveGeneration | None) -> dict[str, RoleState]:
+            return generation_states(g, generation_desired(spec, g, want), nodes, now, not_scheduled_after=wait,
+                                     sizes=sizes if h == want else None)  # fmt: skip
+
+        states = {h: states_of(h, g) for h, g in view.live.generations.items()}
         for gen in (view.plan.desired, view.plan.route):
             if gen.hash not in states:
-                desired = generation_desired(spec, None, want)
-                states[gen.hash] = generation_states(None, desired, nodes, now, not_scheduled_after=wait)
+                states[gen.hash] = states_of(gen.hash, None)
         return cls(spec, view, states)
 
     @property
@@ -458,7 +499,7 @@ class _Generations:
         """What the role condition says about the generation coming up."""
         h = self.plan.desired.hash
         t = self.all[h][role]
-        note = f"{self.name(h)} (not serving yet): {t.ready}/{t.desired} {role} replicas ready"
+        note = f"{self.name(h)} (not serving yet): {t.ready}/{t.desired} {role} {t.unit} ready"
         if t.problems:
             note += f"; {_problem_text(t.problems)}"
         detail = self.view.details.get((h, role))
@@ -575,13 +616,15 @@ def _states(
     out: dict[str, RoleState] = {}
     for comp in COMPONENTS:
         dep = observed.get(comp)
+        size = 1
         if spec is None:
             desired = int((dep or {}).get("spec", {}).get("replicas") or 0)
         elif comp == contract.COMPONENT_ROUTER:
             desired = spec.router.replicas
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        # a component left out: its pods not observed
+            size = spec.role(comp).nodes_per_replica  # type: ignore[arg-type]
+        # a component left out of `pods`: its pods were not observed
         out[comp] = role_state(
             desired,
             dep,
@@ -590,6 +633,7 @@ def _states(
             now,
             not_scheduled_after=not_scheduled_after,
             surges=comp == contract.COMPONENT_ROUTER,
+            expected_group_size=size,
         )
     return out
 

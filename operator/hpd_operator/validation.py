@@ -67,7 +67,8 @@ def validate(cr: HybridPDDeployment) -> Validated:
     spec = cr.spec
     row = version_row(spec.vllm_version)
     model = model_info(spec)
-    problems = check_model(spec, row, model) + check_spec(spec) + check_extra_args(spec, hybrid=model.hybrid)
+    problems = check_model(spec, row, model) + check_parallelism(spec, row, model) + check_spec(spec)
+    problems += check_extra_args(spec, hybrid=model.hybrid)
     if problems:
         raise SpecError(problems)
     return Validated(cr=cr, row=row, model=model, warnings=spec_warnings(spec, row, hybrid=model.hybrid))
@@ -182,6 +183,40 @@ def _check_role_tp(tp: int, field: str, cfg: ModelConfigSpec, source: str) -> li
         for r, n in known
         if not r.ok(n, tp)
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pipeline parallelism against the vLLM version and the model (a pipeline-parallel decode is a rule-table row)
+# ---------------------------------------------------------------------------------------------------------------
+PP_FIELD: Final = "spec.prefill.pipelineParallelSize"
+
+
+def check_parallelism(spec: HybridPDDeploymentSpec, row: VersionRow, model: ModelInfo) -> list[SpecViolation]:
+    """A pipeline-parallel prefill: only where NIXL reads a producer's stages (vLLM 0.27+), and only for models
+    without a hybrid KV cache layout (vLLM refuses Mamba/HMA layouts under PP > 1)."""
+    pp = spec.prefill.pipeline_parallel_size
+    if pp == 1:
+        return []
+    spread = "use pipelineParallelSize 1 and spread a replica over nodes with tensorParallelSize (gpusPerNode)"
+    if not row.has("nixl-pipeline-parallel-prefill"):
+        return [
+            SpecViolation(
+                PP_FIELD,
+                "pipeline-parallel-prefill-version",
+                f"vLLM {row.minor} moves no KV from a pipeline-parallel prefill over NIXL "
+                f"[{row.cite('nixl-no-pipeline-parallel')}]; {spread}, or vLLM 0.27+ for an attention-only model",
+            )
+        ]
+    if model.hybrid:
+        return [
+            SpecViolation(
+                PP_FIELD,
+                "pipeline-parallel-hybrid",
+                f"vLLM {row.minor} refuses NIXL transfers from a pipeline-parallel replica of a hybrid model (its Mamba "
+                f"state and hybrid KV cache layout) [{row.cite('nixl-pipeline-parallel-prefill')}]; {spread}",
+            )
+        ]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------------------------

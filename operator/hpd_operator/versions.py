@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from hpd_operator.api import constants as c
 from hpd_operator.errors import SpecError
@@ -35,9 +35,17 @@ class VersionRule:
     note: str
     """What the rule means for a deployment (shown in status.profile.rules)."""
     hybrid_only: bool = True
+    when: Literal["", "multi-node", "pipeline-parallel"] = ""
+    """Listed in status.profile.rules only for a CR that has a role spanning nodes (`multi-node`) or a role with
+    pipelineParallelSize > 1 (`pipeline-parallel`); "" = always."""
 
     def covers(self, minor: int) -> bool:
         return self.first <= minor <= self.last
+
+    def applies(self, *, hybrid: bool, multi_node: bool, pipeline_parallel: bool) -> bool:
+        """Whether status.profile.rules lists this rule for such a CR."""
+        topic = {"": True, "multi-node": multi_node, "pipeline-parallel": pipeline_parallel}[self.when]
+        return topic and (hybrid or not self.hybrid_only)
 
     @property
     def versions(self) -> str:
@@ -179,6 +187,41 @@ VERSION_RULES: Final[tuple[VersionRule, ...]] = (
         upstream="#49238; 0.33 releases a replaced engine's state once its reads drain (#54689), pull mode only",
         note="a replaced prefill's NIXL state is released on decode after the new handshake (NixlConnector = pull)",
         hybrid_only=False,
+    ),
+    VersionRule(
+        key="multi-node-mp",
+        first=_FIRST,
+        last=_LAST,
+        upstream="#23691 (vLLM's multiprocessing executor across nodes, 0.11: --nnodes, --node-rank, --master-addr, "
+        "--master-port, --headless); #26338 (the leader serves the NIXL metadata of the ranks on other nodes, 0.12)",
+        note="a replica that spans nodes runs vLLM's own multiprocessing executor on each of its pods (no Ray): the "
+        "leader (--node-rank 0) serves the API and the NIXL side channel for every rank, the workers run headless "
+        "ranks; KV moves straight to and from each rank's pod",
+        hybrid_only=False,
+        when="multi-node",
+    ),
+    VersionRule(
+        key="nixl-no-pipeline-parallel",
+        first=20,
+        last=26,
+        upstream="0.20 v1/engine/core.py merges each worker's {tp_rank: metadata}, so the stages overwrite one another; "
+        "0.25 kv_connector/v1/base.py refuses it ('NixlConnector received pp_rank > 0 handshake metadata but does not "
+        "support PP-disaggregated KV transfer', #43720, #52913); NIXL reads stages from 0.27",
+        note="NIXL moves no KV from or to a pipeline-parallel replica: pipelineParallelSize must be 1 on both roles",
+        hybrid_only=False,
+        when="pipeline-parallel",
+    ),
+    VersionRule(
+        key="nixl-pipeline-parallel-prefill",
+        first=27,
+        last=_LAST,
+        upstream="NixlConnector handshakes with every stage of a pipeline-parallel producer "
+        "(kv_connector/v1/nixl/base_worker.py _nixl_handshake, remote_pp_size; #43720, #45880) and refuses a "
+        "pipeline-parallel consumer and hybrid KV cache layouts (HMA) under PP > 1 (NotImplementedError, same file)",
+        note="a pipeline-parallel prefill of an attention-only model feeds a decode of one stage; decode and hybrid "
+        "models keep pipelineParallelSize 1",
+        hybrid_only=False,
+        when="pipeline-parallel",
     ),
     VersionRule(
         key="hybrid-pd-fixes-complete",

@@ -100,7 +100,8 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
         stored = json.loads(helm.kubectl(kubeconfig, "get", "hpd", "probe", "-n", ns, "-o", "json").stdout)
         assert stored["spec"]["upgradeProbe"] == "kept"  # not pruned: the new schema is the one served
         table = helm.kubectl(kubeconfig, "get", "hpd", "probe", "-n", ns).stdout
-        assert table.split()[:6] == ["NAME", "READY", "PREFILL", "DECODE", "MODEL", "ENDPOINT"]
+        header = table.splitlines()[0].split()
+        assert header == ["NAME", "READY", "PREFILL", "DECODE", "MODEL", "GEN", "ROLLOUT", "ENDPOINT", "AGE"]
         assert "nvidia/probe-model" in table
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 

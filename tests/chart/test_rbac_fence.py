@@ -21,9 +21,9 @@ from hpd_devcluster.testing import wait_for
 
 from .conftest import Cluster
 from .helmkit import CHART, Helm, adopt_crd, find, sa_kubeconfig
-from .test_rbac_proof import chart_args, chart_default, podmonitor_crd, prove
+from .test_rbac_proof import chart_args, chart_default, leaderworkerset_crd, podmonitor_crd, prove
 
-__all__ = ["podmonitor_crd"]  # the proof's autouse fixture (the PodMonitor kind), used here as well
+__all__ = ["leaderworkerset_crd", "podmonitor_crd"]  # the proof's autouse fixtures (the kinds it proves), used here too
 
 LABEL = ("hybridpd.io/operator-writes", "allowed")
 

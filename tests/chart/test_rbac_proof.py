@@ -128,27 +128,51 @@ PODMONITOR_CRD: dict[str, Any] = {
 }
 
 
+def _stand_in(group: str, kind: str, plural: str) -> dict[str, Any]:
+    """A schema-less CRD serving `kind`: the operator's calls on it are proven without its controller."""
+    crd = copy.deepcopy(PODMONITOR_CRD)
+    crd["metadata"]["name"] = f"{plural}.{group}"
+    crd["spec"].update(group=group, names={"kind": kind, "listKind": f"{kind}List", "plural": plural,
+                                           "singular": kind.lower()})  # fmt: skip
+    return crd
+
+
+LWS_CRD = _stand_in("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets")
+LWS_CRD["spec"]["versions"][0]["subresources"] = {"status": {}}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
     """The Prometheus Operator's PodMonitor kind (a schema-less stand-in when absent), so the proof covers the
     operator's PodMonitor calls too; removed afterwards only if this module created it (tests/chart/test_rbac_fence.py
     uses it as well)."""
+    yield from _served(api_client, PODMONITOR_CRD)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaderworkerset_crd(api_client: client.ApiClient) -> Iterator[None]:
+    """LeaderWorkerSet's kind (a stand-in when absent: the proof needs the operator's calls, not LWS's controller),
+    so the proof covers a role whose replicas span nodes; removed afterwards only if this module created it."""
+    yield from _served(api_client, LWS_CRD)
+
+
+def _served(api_client: client.ApiClient, crd: dict[str, Any]) -> Iterator[None]:
     ext = client.ApiextensionsV1Api(api_client)
-    name = PODMONITOR_CRD["metadata"]["name"]
+    name = crd["metadata"]["name"]
     try:
         ext.read_custom_resource_definition(name)
         created = False
     except client.ApiException as e:
         if e.status != 404:
             raise
-        ext.create_custom_resource_definition(PODMONITOR_CRD)
+        ext.create_custom_resource_definition(crd)
         created = True
 
     def established() -> bool:
-        crd = ext.read_custom_resource_definition(name)
-        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+        got = ext.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
 
-    wait_for(established, 30, what="PodMonitor CRD established")
+    wait_for(established, 30, what=f"{name} established")
     yield
     if created:
         ext.delete_custom_resource_definition(name)
@@ -160,7 +184,7 @@ def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
                 return e.status == 404
             return False
 
-        wait_for(gone, 60, what="PodMonitor CRD deleted")
+        wait_for(gone, 60, what=f"{name} deleted")
 
 
 def optional_children(api: client.ApiClient, ns: str, name: str) -> tuple[list[str], list[str]]:
@@ -242,8 +266,46 @@ def prove(
 
     co.delete_namespaced_custom_object(G, V, ns, P, name)
     wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")
+    prove_multi_node(api, op, ns, f"{name}-mn")
     hit = forbidden(op)
     assert hit is None, hit
+
+
+def leaderworkersets(api: client.ApiClient, ns: str, name: str) -> dict[str, int]:
+    """The CR's LeaderWorkerSets: name -> spec.replicas."""
+    items = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "leaderworkerset.x-k8s.io", "v1", ns, "leaderworkersets", label_selector=f"app.kubernetes.io/instance={name}"
+    )["items"]
+    return {i["metadata"]["name"]: i["spec"]["replicas"] for i in items}
+
+
+def prove_multi_node(api: client.ApiClient, op: OperatorProcess, ns: str, name: str) -> None:
+    """A decode replica over two nodes: its generation's LeaderWorkerSet created, scaled (patch, in place) and pruned
+    when the replica fits one node again (a new generation with a decode Deployment replaces it: no LWS controller
+    runs here, so the group never became Ready and never served; delete); nothing needs to become Ready."""
+    co = client.CustomObjectsApi(api)
+    doc = sample(name)
+    doc["spec"]["decode"] = {"replicas": 1, "tensorParallelSize": 16}
+    doc["spec"]["model"] = {"name": "x/y", "hybrid": "none"}
+    doc["spec"]["prefill"] = {"tensorParallelSize": 2}
+    co.create_namespaced_custom_object(G, V, ns, P, doc)
+
+    def one_group(replicas: int) -> str | None:
+        got = leaderworkersets(api, ns, name)
+        if len(got) != 1:
+            return None
+        [(group, n)] = got.items()
+        return group if n == replicas and group.startswith(f"{name}-decode-") else None
+
+    group = wait(op, lambda: one_group(1), f"{name}'s LeaderWorkerSet created")
+    co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"replicas": 2}}})
+    wait(op, lambda: one_group(2) == group, f"{name}'s LeaderWorkerSet scaled in place")
+    co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": {"decode": {"tensorParallelSize": 2}}})
+    wait(op, lambda: not leaderworkersets(api, ns, name)
+         and any(d.startswith(f"{name}-decode-") for d in children(api, ns, name)),
+         f"{name}'s LeaderWorkerSet pruned, a Deployment instead")  # fmt: skip
+    co.delete_namespaced_custom_object(G, V, ns, P, name)
+    wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")
 
 
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])
@@ -277,6 +339,7 @@ REMOVED = [
     ("", "pods", "watch"),  # the router's Role cannot be granted without holding it
     ("", "events", "create"),  # Events on the CR
     ("monitoring.coreos.com", "podmonitors", "create"),  # PodMonitors (when the Prometheus Operator is there)
+    ("leaderworkerset.x-k8s.io", "leaderworkersets", "create"),  # a role whose replicas span nodes (when LWS is there)
 ]
 
 

@@ -136,7 +136,7 @@ def generation(doc: dict[str, Any], namespace: str) -> str:
     from hpd_operator.render import render
 
     doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
-    deps = [m for m in render([doc]) if m["kind"] == "Deployment"]
+    deps = [m for m in render([doc]) if m["kind"] in ("Deployment", "LeaderWorkerSet")]
     return str(next(d for d in deps if d["metadata"]["labels"].get(contract.LABEL_COMPONENT) == "prefill")
                ["metadata"]["labels"][contract.LABEL_GENERATION])  # fmt: skip
 

@@ -26,6 +26,16 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         "must divide one another",
     ),
     ("replicas-non-negative", {"model": M, "decode": {"replicas": -1}}, "replicas must be >= 0"),
+    (
+        "replica-fills-whole-nodes",
+        {"model": M, "decode": {"tensorParallelSize": 12, "gpusPerNode": 8}},
+        "must fit one node (at most gpusPerNode) or fill whole nodes",
+    ),
+    (
+        "decode-not-pipeline-parallel",
+        {"model": {"name": "x/y", "hybrid": "none"}, "decode": {"tensorParallelSize": 8, "pipelineParallelSize": 2}},
+        "spec.decode.pipelineParallelSize must be 1",
+    ),
     ("model-name-non-empty", {"model": {"name": "   "}}, "spec.model.name must be a non-empty model id"),
     (
         "extra-args-owned-flag",
@@ -178,6 +188,15 @@ BAD_NAMES: list[tuple[str, str, str]] = [
 """(rule id, metadata.name, substring of the apiserver's error)."""
 
 GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
+    (  # a decode replica over two 8-GPU nodes, a prefill of two pipeline stages (attention-only, vLLM 0.27+)
+        "multi-node",
+        {
+            "model": {"name": "x/y", "hybrid": "none"},
+            "vllmVersion": "0.27.1",
+            "prefill": {"tensorParallelSize": 4, "pipelineParallelSize": 2},
+            "decode": {"tensorParallelSize": 16, "gpusPerNode": 8},
+        },
+    ),
     ("extra-args-allowed", {"model": M, "extraArgs": ["--enforce-eager", "--model-impl", "vllm"]}),
     (
         "pod-template-allowed",

@@ -113,7 +113,13 @@ def test_cel_rules_present(crd: dict[str, Any]) -> None:
 
 def test_defaults_reach_nested_fields(crd: dict[str, Any]) -> None:
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["properties"]["decode"]["default"] == {"replicas": 1, "tensorParallelSize": 1, "extraArgs": []}
+    assert spec["properties"]["decode"]["default"] == {
+        "replicas": 1,
+        "tensorParallelSize": 1,
+        "pipelineParallelSize": 1,
+        "gpusPerNode": 8,
+        "extraArgs": [],
+    }
     assert spec["properties"]["decode"]["properties"]["replicas"]["default"] == 1
     assert spec["properties"]["vllmVersion"]["default"] == "0.20.0"
     assert spec["properties"]["kvTransfer"]["properties"]["sideChannelPort"]["default"] == 5600

@@ -29,6 +29,8 @@ def engine_args(manifests: list[dict[str, Any]], role: str) -> list[str]:
             return list(m["args"])
         if m.get("kind") == "Deployment" and m["metadata"]["labels"].get("app.kubernetes.io/component") == role:
             return list(m["spec"]["template"]["spec"]["containers"][0]["args"])
+        if m.get("kind") == "LeaderWorkerSet" and m["metadata"]["labels"].get("app.kubernetes.io/component") == role:
+            return list(m["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"])
     raise AssertionError(f"no {role} engine in the output")
 
 

@@ -297,7 +297,11 @@ def test_rule_twins_name_the_field(patch: dict[str, Any], field: str, rule: str)
 def test_every_rule_has_a_unique_id_and_a_cel_rule_or_a_reason_why_not() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
-    assert {r.id for r in RULES if r.cel is None} == {"gpus-cover-tensor-parallel-size", "requests-within-limits"}
+    assert {r.id for r in RULES if r.cel is None} == {
+        "gpus-cover-tensor-parallel-size",
+        "gpus-cover-pod-share",
+        "requests-within-limits",
+    }
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,9 @@ pytestmark = pytest.mark.vllm_parser
 
 BENCH_CRS = REPO / "bench" / "gpu" / "sample-crs.yaml"
 """The CRs bench/gpu renders and runs on the H200 (eager, compile, blockSize 128, both hetero-TP directions)."""
+MULTI_NODE_CRS = REPO / "tests" / "golden" / "crs" / "multi-node.yaml"
+"""Replicas that span nodes (#30) beyond examples/multi-node.yaml: a pipeline-parallel prefill over two nodes, a decode
+over four; its roles' argvs are parsed as each pod of a LeaderWorkerSet group runs them (see `expand`)."""
 
 
 def _specs(version: str) -> dict[str, dict[str, Any]]:
@@ -57,6 +61,7 @@ def _specs(version: str) -> dict[str, dict[str, Any]]:
     for doc in yaml.safe_load_all(BENCH_CRS.read_text()):
         if doc and doc.get("kind") == "HybridPDDeployment":
             out[f"bench {doc['metadata']['name']}"] = dict(doc["spec"])
+    out["tests/golden/crs/multi-node.yaml"] = dict(yaml.safe_load(MULTI_NODE_CRS.read_text())["spec"])
     return {case: {**s, "vllmVersion": version} for case, s in out.items()}
 
 
@@ -64,6 +69,8 @@ CASES = tuple(_specs(ALL_VERSIONS[0]))
 REFUSED = {
     ("examples/heterogeneous-tp.yaml", "0.20.0"): "replicated-hetero-tp-unservable",
     ("examples/heterogeneous-tp.yaml", "0.25.1"): "block-size-required-for-replicated-heads",
+    ("tests/golden/crs/multi-node.yaml", "0.20.0"): "pipeline-parallel-prefill-version",
+    ("tests/golden/crs/multi-node.yaml", "0.25.1"): "pipeline-parallel-prefill-version",
 }
 """(case, version) pairs the operator refuses, so there is no argv to parse: the example is TP 4 -> TP 2 with
 Nano's 2 KV heads replicated at TP 4, written for 0.27+ (no spec.blockSize); 0.20 cannot serve it at all (measured),
@@ -90,9 +97,33 @@ def parser_python(version: str) -> Path:
     return py
 
 
+GROUP_ENV = {"LWS_LEADER_ADDRESS": "x-decode-0.x-decode-0.ns1", "LWS_GROUP_SIZE": "2"}
+"""What LeaderWorkerSet's pod webhook injects (sigs.k8s.io/lws pkg/utils/pod AddLWSVariables), per group."""
+
+
+def expand(args: tuple[str, ...], env: dict[str, str]) -> list[str]:
+    """The argv as the kubelet hands it to the container: `$(NAME)` of a defined env var replaced by its value
+    (Kubernetes' expansion; `$$` is a literal `$`), anything else kept as written."""
+    return [
+        re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]) if m[1] else "$", a) for a in args
+    ]
+
+
+def argvs_of(p: Profile, role: str) -> dict[str, list[str]]:
+    """Key suffix -> the argv of each kind of pod of the role: one, or a group's leader and a worker (node rank 1)."""
+    rp = p.role(role)  # type: ignore[arg-type]
+    if not rp.multi_node:
+        return {"": list(rp.args)}
+    return {
+        "": expand(rp.args, {**GROUP_ENV, "LWS_WORKER_INDEX": "0"}),
+        " worker": expand(rp.args + rp.worker_args, {**GROUP_ENV, "LWS_WORKER_INDEX": "1"}),
+    }
+
+
 @functools.cache
 def parsed(version: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """(case, role) -> what vLLM `version`'s parser made of the argv; one parser process for all of them."""
+    """(case, role) -> what vLLM `version`'s parser made of the argv ((case, "decode worker") for a group's worker);
+    one parser process for all of them."""
     keys: list[tuple[str, str]] = []
     argvs: list[list[str]] = []
     for case in CASES:
@@ -100,8 +131,9 @@ def parsed(version: str) -> dict[tuple[str, str], dict[str, Any]]:
             continue
         p = profile_for(version, case)
         for role in ("prefill", "decode"):
-            keys.append((case, role))
-            argvs.append(list(p.role(role).args))  # type: ignore[arg-type]
+            for suffix, argv in argvs_of(p, role).items():
+                keys.append((case, role + suffix))
+                argvs.append(argv)
     for name, argv in BAD_ARGVS.items():
         keys.append((name, "bad"))
         argvs.append(argv)
@@ -165,6 +197,28 @@ def test_generated_argv_parses_as_intended(version: str, case: str) -> None:
             assert "dummy" in got["load_format"].lower(), where
         if _value(args, "--gpu-memory-utilization"):
             assert got["gpu_memory_utilization"] == pytest.approx(float(_value(args, "--gpu-memory-utilization") or 0))
+        check_parallel_layout(version, case, role, rp)
+
+
+def check_parallel_layout(version: str, case: str, role: str, rp: Any) -> None:
+    """Pipeline stages and, for a replica that spans nodes, vLLM's own multi-node launch as each pod of the group
+    runs it: the leader (node rank 0, serving) and a worker (node rank 1, headless), with vLLM's ParallelConfig
+    built from what it parsed: the world size, the ranks on each node (= the GPUs the pod gets) and the mp executor."""
+    where = f"{case} {role} on {version}"
+    got = parsed(version)[(case, role)]
+    assert got["pipeline_parallel_size"] == (int(_value(rp.args, "--pipeline-parallel-size") or 1)), where
+    if not rp.multi_node:
+        assert got["nnodes"] == 1 and not got["headless"], where
+        return
+    worker = parsed(version)[(case, role + " worker")]
+    assert worker["ok"], f"vLLM {version} rejected the worker argv of {where}: {worker.get('error')}"
+    for pod, rank, headless in ((got, 0, False), (worker, 1, True)):
+        assert (pod["nnodes"], pod["node_rank"], pod["headless"]) == (rp.nodes, rank, headless), where
+        assert pod["master_addr"] == GROUP_ENV["LWS_LEADER_ADDRESS"], where
+        assert pod["master_port"] == 29501, where
+        assert pod["distributed_executor_backend"] == "mp" and pod["backend"] == "mp", where
+        assert pod["world_size"] == rp.tensor_parallel_size * pod["pipeline_parallel_size"], where
+        assert pod["local_world_size"] == rp.gpus_per_pod, where
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -177,6 +231,15 @@ def test_parser_rejects_what_vllm_rejects(version: str, bad: str) -> None:
         assert got["exit"] == 2 and "--no-such-flag" in got["error"]
     else:
         assert "bogus" in got["error"]
+
+
+def test_expand_is_the_kubelets() -> None:
+    assert expand(("--node-rank", "$(LWS_WORKER_INDEX)", "$$(X)", "$(UNSET)"), {"LWS_WORKER_INDEX": "1"}) == [
+        "--node-rank",
+        "1",
+        "$(X)",
+        "$(UNSET)",
+    ]
 
 
 def test_every_example_and_the_bench_cr_are_covered() -> None:

@@ -48,6 +48,7 @@ def main() -> int:
             return {"ok": False, "exit": None, "error": f"{type(e).__name__}: {e}"[-3000:]}
         kv = engine.kv_transfer_config
         return {
+            **_parallel(engine, args),
             "ok": True,
             "model": engine.model,
             "served_model_name": engine.served_model_name,
@@ -69,6 +70,34 @@ def main() -> int:
             "kv_role": getattr(kv, "kv_role", None),
             "kv_load_failure_policy": getattr(kv, "kv_load_failure_policy", None),
         }
+
+    def _parallel(engine: Any, args: Any) -> dict[str, Any]:
+        """The parallel layout as vLLM reads it; for a multi-node argv also vLLM's own ParallelConfig built from it
+        (its validators run on the CPU platform: world size, each node's ranks, the executor)."""
+        out: dict[str, Any] = {
+            "pipeline_parallel_size": engine.pipeline_parallel_size,
+            "nnodes": engine.nnodes,
+            "node_rank": engine.node_rank,
+            "master_addr": engine.master_addr,
+            "master_port": engine.master_port,
+            "distributed_executor_backend": engine.distributed_executor_backend,
+            "headless": bool(getattr(args, "headless", False)),
+        }
+        if engine.nnodes > 1:
+            from vllm.config import ParallelConfig
+
+            pc = ParallelConfig(
+                tensor_parallel_size=engine.tensor_parallel_size,
+                pipeline_parallel_size=engine.pipeline_parallel_size,
+                nnodes=engine.nnodes,
+                node_rank=engine.node_rank,
+                master_addr=engine.master_addr,
+                master_port=engine.master_port,
+                distributed_executor_backend=engine.distributed_executor_backend,
+            )
+            out.update(world_size=pc.world_size, local_world_size=pc.local_world_size,
+                       backend=str(pc.distributed_executor_backend))  # fmt: skip
+        return out
 
     out = {"vllm_version": __import__("vllm").__version__, "results": [parse(a) for a in argvs]}
     print(json.dumps(out))

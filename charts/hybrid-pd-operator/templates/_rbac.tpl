@@ -59,6 +59,12 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# LeaderWorkerSets (sigs.k8s.io/lws): a role whose replica spans nodes (builders/lws.py). Used (and watched) only when
+# LWS's CRD is served at startup, as for PodMonitors; LWS itself is a prerequisite for such roles only
+# (docs/multi-node.md). The same verbs as every child kind, for the same calls.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # list+watch: kopf's watch of the pods feeds the cache (handlers._index_pod: the scheduler's Unschedulable verdict,
 # pods on lost nodes, readiness, not-Ready pods whose probe Events explain why). get: Kubernetes lets it create the
 # router's Role (get/list/watch pods, the router's discovery) only if it holds those permissions itself (RBAC

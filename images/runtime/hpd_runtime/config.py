@@ -49,6 +49,14 @@ class RuntimeConfig:
     kv_floor_bytes_per_second: float
     vllm_command: str | None
     stable_triton_cache: bool
+    group_role: str | None = None
+    """`leader` / `worker` on a pod of a replica that spans nodes (contract.ENV_GROUP_ROLE); None on a one-pod
+    replica, which behaves as a leader."""
+
+    @property
+    def worker(self) -> bool:
+        """A headless worker of a group: no API, no warmup, Ready while its ranks run (hpd_runtime.group)."""
+        return self.group_role == c.GROUP_WORKER
 
 
 def arg_value(args: Sequence[str], flag: str) -> str | None:
@@ -158,6 +166,9 @@ def load_config(env: Mapping[str, str], vllm_args: Sequence[str] = ()) -> Runtim
         raise ConfigError(f"{c.ENV_WARMUP_PAIR_CHECK} is on but {c.ENV_PREFILL_SERVICE} is not set")
     if timeout_s <= 0:
         raise ConfigError(f"{c.ENV_WARMUP_TIMEOUT_SECONDS}={timeout!r} must be > 0")
+    group_role = env.get(c.ENV_GROUP_ROLE, "").strip() or None
+    if group_role not in (None, c.GROUP_LEADER, c.GROUP_WORKER):
+        raise ConfigError(f"{c.ENV_GROUP_ROLE}={group_role!r}: expected {c.GROUP_LEADER} or {c.GROUP_WORKER}")
     return RuntimeConfig(
         role=role,
         model=model,
@@ -190,4 +201,5 @@ def load_config(env: Mapping[str, str], vllm_args: Sequence[str] = ()) -> Runtim
         kv_floor_bytes_per_second=_float(env, c.ENV_KV_FLOOR_BYTES_PER_SECOND, 0.0, minimum=0.0),
         vllm_command=env.get(c.ENV_VLLM_COMMAND, "").strip() or None,
         stable_triton_cache=c.env_flag(env.get(c.ENV_STABLE_TRITON_CACHE), default=True),
+        group_role=group_role,
     )

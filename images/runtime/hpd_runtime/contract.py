@@ -37,6 +37,12 @@ LABEL_GENERATION_NUMBER: Final = f"{GROUP}/generation-number"
 APP_NAME: Final = "hybrid-pd"
 MANAGED_BY: Final = "hybrid-pd-operator"
 COMPONENT_ROUTER: Final = "router"
+LABEL_GROUP_ROLE: Final = f"{GROUP}/group-role"
+"""On the pods of a replica that spans nodes (a LeaderWorkerSet group): `leader` (serves the API, warms up, runs the
+pair check, joins the router) or `worker` (vLLM's headless ranks). Pods of a one-pod replica do not carry it."""
+GROUP_LEADER: Final = "leader"
+GROUP_WORKER: Final = "worker"
+GroupRole = Literal["leader", "worker"]
 
 # --- Ports (container side) ----------------------------------------------------------------------------------
 VLLM_PORT: Final = 8000
@@ -46,6 +52,8 @@ RUNTIME_PORT: Final = 8081
 serves nothing that changes state, so it is the one engine port that Prometheus is let through to."""
 SIDE_CHANNEL_PORT_DEFAULT: Final = 5600
 """NIXL side channel (ZMQ) base port; vLLM listens on base + data-parallel rank."""
+MASTER_PORT: Final = 29501
+"""torch.distributed's rendezvous on the leader of a replica that spans nodes (vLLM's `--master-port` default)."""
 ROUTER_PORT: Final = 8090
 ROUTER_METRICS_PORT: Final = 29000
 
@@ -118,6 +126,19 @@ ENV_KV_FABRIC: Final = "HPD_KV_FABRIC"
 """The fabric the CR declares between prefill and decode (spec.kvTransfer.fabric: tcp, rdma): named in the report."""
 ENV_KV_FLOOR_BYTES_PER_SECOND: Final = "HPD_KV_FLOOR_BYTES_PER_SECOND"
 """Decode: below this measured KV rate the runtime reports the path as slow for its fabric (0 = no floor)."""
+ENV_GROUP_ROLE: Final = "HPD_GROUP_ROLE"
+"""`leader` or `worker` on the pods of a replica that spans nodes (LABEL_GROUP_ROLE); unset on a one-pod replica,
+which behaves as a leader. A worker runs vLLM headless: no API, no warmup; Ready while its ranks run."""
+
+# --- Env LeaderWorkerSet's pod webhook injects into every container of a group (sigs.k8s.io/lws v0.9
+# api/leaderworkerset/v1/leaderworkerset_types.go; pkg/utils/pod/pod_utils.go AddLWSVariables, put first so that
+# later entries and the args can refer to them as $(NAME)) ---------------------------------------------------------
+ENV_LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"
+"""`<lws>-<group>.<subdomain>.<namespace>`: the group leader's DNS name (a headless Service LWS makes)."""
+ENV_LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"
+"""0 on the leader, 1..size-1 on the workers: vLLM's --node-rank."""
+ENV_LWS_GROUP_SIZE: Final = "LWS_GROUP_SIZE"
+"""Pods in the group: vLLM's --nnodes."""
 
 # --- Runtime knobs with safe defaults (the operator normally leaves them unset; tests and debugging set them) ---
 ENV_VLLM_HOST: Final = "HPD_VLLM_HOST"
@@ -162,6 +183,9 @@ EXIT_PAIR_BROKEN: Final = 75
 ENV_VLLM_SSM_CONV_STATE_LAYOUT: Final = "VLLM_SSM_CONV_STATE_LAYOUT"
 ENV_VLLM_NIXL_SIDE_CHANNEL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+ENV_VLLM_HOST_IP: Final = "VLLM_HOST_IP"
+"""The address vLLM's processes advertise to each other (vllm.utils.network_utils.get_ip): on a replica that spans
+nodes, the leader's message queue to the remote ranks (v1/executor/multiproc_executor.py `mq_connect_ip`)."""
 ENV_VLLM_CACHE_ROOT: Final = "VLLM_CACHE_ROOT"
 ENV_TRITON_CACHE_DIR: Final = "TRITON_CACHE_DIR"
 ENV_XDG_CACHE_HOME: Final = "XDG_CACHE_HOME"

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from hpd_runtime import contract as c
-from hpd_runtime import triton_cache
-from hpd_runtime.config import RuntimeConfig, load_config
+from hpd_runtime import group, triton_cache
+from hpd_runtime.config import RuntimeConfig, arg_value, load_config
 from hpd_runtime.log import log_event
 from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState
 from hpd_runtime.warmup import Resolver, resolve_prefill, start_warmup_thread
@@ -156,6 +156,8 @@ class Launcher:
         self.stop = threading.Event()
         self.broken: str | None = None
         """Set when the pair monitor gave up on P->D: vLLM is stopped and `run` exits EXIT_PAIR_BROKEN."""
+        self.stopped_by: int | None = None
+        """A signal that came before vLLM was started (a worker waiting for its leader)."""
 
     def _pair_broken(self, reason: str) -> None:
         """P->D stayed broken after it had passed: stop vLLM so the kubelet restarts the container (a fresh NIXL
@@ -175,11 +177,30 @@ class Launcher:
     def _forward(self, signum: int, _frame: FrameType | None) -> None:
         proc = self.proc
         log_event("signal_forwarded", signal=signal.Signals(signum).name, pid=proc.pid if proc else None)
-        if proc is not None:
+        if proc is None:  # still waiting (a worker, for its leader): stop waiting
+            self.stopped_by = signum
+            self.stop.set()
+        else:
             try:
                 proc.send_signal(signum)
             except ProcessLookupError:
                 pass
+
+    def _wait_for_leader(self, state: RuntimeState) -> bool:
+        """A worker: until the leader's rendezvous answers (False: stopped by a signal first)."""
+        leader = group.leader_address(self.args)
+        if leader is None:
+            return True  # no --master-addr: nothing to wait for (vLLM itself will say what is missing)
+        state.set_phase("waiting", f"for the group leader at {leader[0]}:{leader[1]}")
+        log_event("waiting_for_leader", host=leader[0], port=leader[1])
+
+        def report(why: str) -> None:
+            state.set_phase("waiting", why)
+
+        ok = group.wait_for_leader(*leader, self.stop, report)
+        if ok:
+            log_event("leader_reachable", host=leader[0], port=leader[1])
+        return ok
 
     def run(self) -> int:
         cfg = self.cfg
@@ -211,12 +232,17 @@ class Launcher:
         server = ReadinessServer(state, cfg).start()
         previous = {s: signal.signal(s, self._forward) for s in FORWARDED_SIGNALS}
         try:
+            if cfg.worker and not self._wait_for_leader(state):
+                return 128 + (self.stopped_by or signal.SIGTERM)
             try:
                 self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
             except OSError as e:
                 log_event("vllm_start_failed", level="error", argv=argv, error=str(e))
                 return 127
-            start_warmup_thread(cfg, state, self.stop, self.resolver, on_broken=self._pair_broken)
+            if cfg.worker:
+                state.mark_warm(f"headless ranks running ({group_rank(self.args)}); the group's leader serves the API")
+            else:
+                start_warmup_thread(cfg, state, self.stop, self.resolver, on_broken=self._pair_broken)
             returncode = self.proc.wait()
         finally:
             self.stop.set()
@@ -228,6 +254,11 @@ class Launcher:
             code = c.EXIT_PAIR_BROKEN
         log_event("vllm_exited", level="info" if code == 0 else "error", returncode=returncode, exit_code=code)
         return code
+
+
+def group_rank(args: Sequence[str]) -> str:
+    """`node rank R of N` from a multi-node vLLM argv (as the kubelet expanded it)."""
+    return f"node rank {arg_value(args, '--node-rank')} of {arg_value(args, '--nnodes')}"
 
 
 def launch(vllm_args: Sequence[str], env: Mapping[str, str] | None = None) -> int:

@@ -233,7 +233,10 @@ class RuntimeState:
 
 
 def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, str]:
-    """(ready, reason). Checks vLLM /health live every time, so a dead engine turns the pod not ready."""
+    """(ready, reason). Checks vLLM /health live every time, so a dead engine turns the pod not ready. A group's
+    worker serves no API: ready while its headless ranks run (hpd_runtime.group)."""
+    if cfg.worker:
+        return _worker_readiness(state)
     status = health_status(cfg.vllm_host, cfg.vllm_port, timeout=HEALTH_TIMEOUT_SECONDS)
     state.metrics.vllm_healthy.set(1 if status == 200 else 0)
     if not state.warm.is_set():
@@ -246,6 +249,18 @@ def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, s
     else:
         kv = state.kv_report()
         ready, why = True, "ok" if kv is None else f"ok; {kv}"
+    state.note_ready(ready)
+    return ready, why
+
+
+def _worker_readiness(state: RuntimeState) -> tuple[bool, str]:
+    phase, reason = state.snapshot()
+    if not state.warm.is_set():
+        ready, why = False, f"{phase}: {reason}"
+    elif state.child_alive() is False:
+        ready, why = False, "vLLM's headless ranks exited"
+    else:
+        ready, why = True, f"ok; {reason}"
     state.note_ready(ready)
     return ready, why
 

@@ -64,6 +64,10 @@ MAX_ENV_BYTES: Final = 262_144
 """spec.env values together (as Kubernetes bounds an object's annotations): 64 values of 24 KB made a 1.57 MB CR
 that etcd stored but whose every status write it then refused (#32)."""
 MAX_TENSOR_PARALLEL_SIZE: Final = 64
+MAX_PIPELINE_PARALLEL_SIZE: Final = 64
+MAX_GPUS_PER_NODE: Final = 64
+DEFAULT_GPUS_PER_NODE: Final = 8
+"""An 8-GPU node (H100/H200/B200 HGX): what spec.<role>.gpusPerNode assumes unless told otherwise."""
 MAX_REPLICAS: Final = 1024
 MAX_RESOURCES: Final = 16
 MAX_MODEL_LEN: Final = 1_048_576
@@ -71,6 +75,10 @@ MAX_MODEL_LEN: Final = 1_048_576
 MIN_GPU_MEMORY_UTILIZATION: Final = 0.05
 
 # --- Flags the operator owns or forbids in extraArgs -----------------------------------------------------------------
+_MULTI_NODE = (
+    "the operator launches a replica that spans nodes itself (a LeaderWorkerSet, vLLM's multi-node launch): set "
+    "spec.<role>.tensorParallelSize, pipelineParallelSize and gpusPerNode"
+)
 # flag -> where the setting lives instead / why it is refused. vLLM's FlexibleArgumentParser also accepts
 # `--flag=value`, `--flag.key value` (JSON sub-keys) and underscores for dashes; the matcher below covers all three.
 DENIED_FLAGS: Final = MappingProxyType(
@@ -97,13 +105,18 @@ DENIED_FLAGS: Final = MappingProxyType(
         "--speculative-model": "speculative decoding is not validated with hybrid P/D",
         "--num-speculative-tokens": "speculative decoding is not validated with hybrid P/D",
         "--disable-log-stats": "it removes every vllm:* metric from /metrics (dashboards, alerts, autoscaling)",
-        "--pipeline-parallel-size": "one pipeline stage per pod: GPUs, the NIXL handshake and the cache key assume it",
+        "--pipeline-parallel-size": "set spec.prefill.pipelineParallelSize / spec.decode.pipelineParallelSize (the GPUs "
+        "and nodes of a replica follow it)",
+        "-pp": "set spec.prefill.pipelineParallelSize / spec.decode.pipelineParallelSize",
         "--data-parallel-size": "one data-parallel rank per pod: the NIXL side-channel port is base + DP rank",
-        "--headless": "vLLM would serve no API: the probes, the warmup, the pair check and the router need it",
-        "--nnodes": "one replica is one pod: vLLM's multi-node launch is not supported",
-        "--node-rank": "one replica is one pod: vLLM's multi-node launch is not supported",
-        "--master-addr": "one replica is one pod: vLLM's multi-node launch is not supported",
-        "--master-port": "one replica is one pod: vLLM's multi-node launch is not supported",
+        "--distributed-executor-backend": "the operator runs vLLM's multiprocessing executor, across the pods of a "
+        "replica that spans nodes (mp; Ray is not used)",
+        "--headless": "vLLM would serve no API: the operator sets it on the workers of a replica that spans nodes only "
+        "(spec.<role>.gpusPerNode)",
+        "--nnodes": _MULTI_NODE,
+        "--node-rank": _MULTI_NODE,
+        "--master-addr": _MULTI_NODE,
+        "--master-port": _MULTI_NODE,
         "--config": "a YAML file of flags would bypass these checks (vLLM reads it before the command line)",
         "--help": "vLLM prints its help and exits (the pod would restart forever)",
     }

@@ -310,13 +310,26 @@ class PodTemplate(_Model):
 
 
 class RoleSpec(_Model):
-    """One engine role (prefill or decode): a Deployment of vLLM pods."""
+    """One engine role (prefill or decode): a Deployment of vLLM pods, or a LeaderWorkerSet when one replica needs
+    more GPUs than a node has (gpusPerNode)."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("role")})
     replicas: int = Field(default=1, ge=0, le=c.MAX_REPLICAS)
-    """Number of pods."""
+    """Number of replicas: pods, or groups of pods for a replica that spans nodes (gpusPerNode)."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=c.MAX_TENSOR_PARALLEL_SIZE)
-    """--tensor-parallel-size; GPUs per pod. Prefill and decode sizes must divide one another."""
+    """--tensor-parallel-size; with pipelineParallelSize, the GPUs of one replica. Prefill and decode sizes must
+    divide one another."""
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=c.MAX_PIPELINE_PARALLEL_SIZE)
+    """--pipeline-parallel-size: pipeline stages of one replica (GPUs = tensorParallelSize x pipelineParallelSize).
+    NIXL moves KV from a pipeline-parallel prefill only on vLLM 0.27+ and only for attention-only models, and never
+    to a pipeline-parallel decode (vLLM refuses the others): decode must keep 1, and a hybrid model spreads a replica
+    over nodes with tensorParallelSize instead (docs/multi-node.md)."""
+    gpus_per_node: int = Field(default=c.DEFAULT_GPUS_PER_NODE, ge=1, le=c.MAX_GPUS_PER_NODE)
+    """GPUs one node gives this role. A replica that needs more (tensorParallelSize x pipelineParallelSize >
+    gpusPerNode) spans whole nodes: a LeaderWorkerSet group of TP x PP / gpusPerNode pods with gpusPerNode GPUs
+    each (the leader serves the API; the workers run vLLM's headless ranks), so TP x PP must then be a multiple of
+    gpusPerNode. Needs LeaderWorkerSet (sigs.k8s.io/lws) installed; a replica that fits a node stays one pod of a
+    Deployment."""
     gpu_memory_utilization: float | None = Field(default=None, ge=c.MIN_GPU_MEMORY_UTILIZATION, le=1)
     """--gpu-memory-utilization for this role (0.05 to 1); default: spec.gpuMemoryUtilization."""
     resources: ResourceRequirements | None = None
@@ -331,6 +344,26 @@ class RoleSpec(_Model):
     operator's). Host namespaces, hostPath volumes, service accounts and security contexts are refused by name."""
     extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
     """Extra `vllm serve` arguments for this role, after spec.extraArgs."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """tensorParallelSize x pipelineParallelSize: vLLM's world size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Pods (one per node) of one replica: 1 when it fits one node, else the nodes its GPUs fill."""
+        return max(1, -(-self.gpus_per_replica // self.gpus_per_node))
+
+    @property
+    def multi_node(self) -> bool:
+        """One replica spans nodes: a LeaderWorkerSet group instead of one pod of a Deployment."""
+        return self.nodes_per_replica > 1
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """The GPUs each pod of a replica gets (vLLM's local world size)."""
+        return self.gpus_per_replica // self.nodes_per_replica
 
 
 # ---------------------------------------------------------------------------------------------------------------

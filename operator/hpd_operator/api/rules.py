@@ -96,10 +96,22 @@ def quantity(q: int | str) -> Decimal | None:
     return Decimal(q[: len(q) - len(suffix)]) * _SUFFIX[suffix]
 
 
-def _gpu_below_tp(role: Any) -> bool:
+def _gpu_limit(role: Any) -> Decimal | None:
     limits = role.resources.limits if role.resources is not None and role.resources.limits else {}
-    q = quantity(limits[GPU]) if GPU in limits else None
-    return q is not None and q < role.tensor_parallel_size
+    return quantity(limits[GPU]) if GPU in limits else None
+
+
+def _gpu_below_tp(role: Any) -> bool:
+    """A one-pod replica whose GPU limit is below its TP size (a replica that spans nodes: _gpu_below_pod_share)."""
+    q = _gpu_limit(role)
+    return q is not None and not role.multi_node and q < role.tensor_parallel_size
+
+
+def _gpu_below_pod_share(role: Any) -> bool:
+    """A GPU limit below the GPUs each pod of a replica runs ranks on (TP x PP, or gpusPerNode when it spans nodes),
+    that _gpu_below_tp does not already report."""
+    q = _gpu_limit(role)
+    return q is not None and not _gpu_below_tp(role) and q < role.gpus_per_pod
 
 
 def _requests_over_limits(res: Any) -> Iterator[str]:
@@ -260,6 +272,17 @@ RULES: Final[tuple[Rule, ...]] = (
         ),
     ),
     Rule(
+        id="decode-not-pipeline-parallel",
+        scope="spec",
+        cel="!has(self.decode.pipelineParallelSize) || self.decode.pipelineParallelSize == 1",
+        message="spec.decode.pipelineParallelSize must be 1: no vLLM release from 0.20 to 0.33 moves KV into a "
+        "pipeline-parallel decode over NIXL (0.20 keys the NIXL handshake by TP rank only, 0.25 refuses pp_rank > 0 "
+        "handshake metadata, 0.27+ refuses a pipeline-parallel consumer); spread a decode replica over nodes with "
+        "spec.decode.tensorParallelSize instead",
+        field=".decode.pipelineParallelSize",
+        check=_when(lambda s: s.decode.pipeline_parallel_size != 1, ".decode.pipelineParallelSize"),
+    ),
+    Rule(
         id="block-size-multiple-of-16",
         scope="spec",
         cel="!has(self.blockSize) || self.blockSize % 16 == 0",
@@ -329,6 +352,30 @@ RULES: Final[tuple[Rule, ...]] = (
         "leave the GPU limit out and the operator sets it to tensorParallelSize)",
         field=".resources.limits",
         check=_when(_gpu_below_tp, ".resources.limits"),
+    ),
+    Rule(
+        id="gpus-cover-pod-share",
+        scope="role",
+        cel=None,  # operator only, as gpus-cover-tensor-parallel-size
+        message=f"resources.limits['{GPU}'] must be at least the GPUs each pod runs vLLM ranks on: "
+        "tensorParallelSize x pipelineParallelSize, or gpusPerNode when a replica spans nodes (leave the GPU limit "
+        "out and the operator sets it)",
+        field=".resources.limits",
+        check=_when(_gpu_below_pod_share, ".resources.limits"),
+    ),
+    Rule(
+        id="replica-fills-whole-nodes",
+        scope="role",
+        cel="self.tensorParallelSize * self.pipelineParallelSize <= self.gpusPerNode"
+        " || (self.tensorParallelSize * self.pipelineParallelSize) % self.gpusPerNode == 0",
+        message="tensorParallelSize x pipelineParallelSize (the GPUs of one replica) must fit one node (at most "
+        "gpusPerNode) or fill whole nodes (a multiple of gpusPerNode): vLLM gives every node of a replica the same "
+        "number of ranks (e.g. tensorParallelSize 16 with gpusPerNode 8: two nodes)",
+        field=".tensorParallelSize",
+        check=_when(
+            lambda r: r.gpus_per_replica > r.gpus_per_node and r.gpus_per_replica % r.gpus_per_node != 0,
+            ".tensorParallelSize",
+        ),
     ),
     Rule(
         id="requests-within-limits",

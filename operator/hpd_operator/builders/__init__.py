@@ -14,6 +14,7 @@ from hpd_operator.builders.engine import (
     build_engine_service,
     generation_hash,
 )
+from hpd_operator.builders.lws import build_engine_group
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
@@ -21,7 +22,12 @@ from hpd_operator.generations import Plan, fresh_plan
 from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
-__all__ = ["Manifest", "build_all", "generation_hash"]
+__all__ = ["Manifest", "build_all", "generation_hash", "group_roles"]
+
+
+def group_roles(cr: HybridPDDeployment) -> frozenset[str]:
+    """The roles the spec runs as LeaderWorkerSet groups (a replica that spans nodes)."""
+    return frozenset(r for r in contract.ROLES if cr.spec.role(r).multi_node)
 
 
 def build_all(cr: HybridPDDeployment, profile: Profile, plan: Plan | None = None) -> list[Manifest]:
@@ -29,11 +35,12 @@ def build_all(cr: HybridPDDeployment, profile: Profile, plan: Plan | None = None
     of the generation the spec asks for, and the router routing to `plan.route` (hpd_operator.generations). Without
     a plan (nothing runs yet; `render`): generation 1, routed at once. Other generations the plan keeps are not
     built: they stay as they are."""
-    plan = plan or fresh_plan(generation_hash(cr, profile))
+    plan = plan or fresh_plan(generation_hash(cr, profile), group_roles(cr))
     out: list[Manifest] = []
     for role in contract.ROLES:
         out.append(build_engine_service(cr, role, plan.desired))
-        out.append(build_engine_deployment(cr, profile, role, plan.desired))
+        build = build_engine_group if cr.spec.role(role).multi_node else build_engine_deployment
+        out.append(build(cr, profile, role, plan.desired))
         pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.api.names import prefill_service_host, role_name, selector_labels
+from hpd_operator.api.names import prefill_service_host, role_name, selector_labels, serving_selector
 from hpd_operator.builders.common import (
     POD_SECURITY_DEFAULTS,
     Manifest,
@@ -100,26 +100,51 @@ def _exec_probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def engine_pod_template(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
-    """The role's pod template without any generation in it: what the generation hash is computed from."""
+def engine_pod_template(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None = None
+) -> dict[str, Any]:
+    """The pod template of a role without any generation in it (what the generation hash is computed from): of its
+    Deployment, or (`group_role`) of the leader or the workers of its LeaderWorkerSet, which differ only in the
+    group-role label and env and the workers' `--headless`."""
     name, rs = cr.metadata.name, cr.spec.role(role)
-    template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": _engine_pod_spec(cr, profile, role)}
+    own = labels(name, role) | ({contract.LABEL_GROUP_ROLE: group_role} if group_role else {})
+    spec = _engine_pod_spec(cr, profile, role, group_role)
+    template: dict[str, Any] = {"metadata": {"labels": dict(own)}, "spec": spec}
     if rs.pod_template is not None:
         # Only the fields the PodTemplate model admits can be here (the operator-owned and host-level ones are
         # refused by the schema's CEL and again by validation.py), so the merge cannot replace command/args/probes.
         template = deep_merge(template, _plain(rs.pod_template))
         # Our labels win: the selector and the router's discovery depend on them.
-        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(name, role)}
+        template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **own}
     return template
+
+
+def engine_group_templates(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
+    """What a role whose replica spans nodes runs, without any generation in it: the group size and the leader's and
+    the workers' pod templates (its LeaderWorkerSet's leaderWorkerTemplate is built from these)."""
+    return {
+        "size": profile.role(role).nodes,
+        "leaderTemplate": engine_pod_template(cr, profile, role, contract.GROUP_LEADER),
+        "workerTemplate": engine_pod_template(cr, profile, role, contract.GROUP_WORKER),
+    }
 
 
 def generation_hash(cr: HybridPDDeployment, profile: Profile) -> str:
     """The id of the generation the spec asks for: a hash of both roles' pod templates (replicas, the router,
-    monitoring and network policy are not in them)."""
-    return hash_templates({role: engine_pod_template(cr, profile, role) for role in contract.ROLES})
+    monitoring and network policy are not in them); of a role whose replica spans nodes, its group size and leader
+    and worker templates (so a one-pod role hashes as it did before multi-node roles, and a shape change is a new
+    generation)."""
+    return hash_templates(
+        {
+            role: engine_group_templates(cr, profile, role)
+            if profile.role(role).multi_node
+            else engine_pod_template(cr, profile, role)
+            for role in contract.ROLES
+        }
+    )
 
 
-def _in_generation(template: dict[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
+def in_generation(template: dict[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
     """The template of one generation: its labels on the pods, and decode's HPD_PREFILL_SERVICE (the profile names the
     role's Service without a generation) pointed at this generation's prefill Service, so the pair check and the
     re-checks after Ready only ever see prefill pods of the same generation."""
@@ -148,7 +173,7 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _generation_metadata(cr, role, gen),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
             "replicas": rs.replicas,
             "selector": {"matchLabels": selector_labels(name, role, gen.hash)},
@@ -156,19 +181,21 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
             # matters for a pod replaced in place. GPUs are the scarce resource: never surge, one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "progressDeadlineSeconds": progress_deadline_seconds(cr),
-            "template": _in_generation(engine_pod_template(cr, profile, role), cr, gen),
+            "template": in_generation(engine_pod_template(cr, profile, role), cr, gen),
         },
     }
 
 
-def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
+def _engine_pod_spec(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None
+) -> dict[str, Any]:
     rs = cr.spec.role(role)
     volumes, mounts = _engine_volumes(cr)
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
         "automountServiceAccountToken": False,
         **POD_SECURITY_DEFAULTS,
-        "containers": [_engine_container(cr, profile, role, mounts)],
+        "containers": [_engine_container(cr, profile, role, mounts, group_role)],
         "volumes": volumes,
         "securityContext": {
             "runAsNonRoot": True,
@@ -190,17 +217,22 @@ def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Ro
 
 
 def _engine_container(
-    cr: HybridPDDeployment, profile: Profile, role: contract.Role, mounts: list[dict[str, Any]]
+    cr: HybridPDDeployment,
+    profile: Profile,
+    role: contract.Role,
+    mounts: list[dict[str, Any]],
+    group_role: contract.GroupRole | None = None,
 ) -> dict[str, Any]:
     spec = cr.spec
     rs, rp = spec.role(role), profile.role(role)
     startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
+    args = list(rp.args) + (list(rp.worker_args) if group_role == contract.GROUP_WORKER else [])
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "command": list(LAUNCH_COMMAND),
-        "args": list(rp.args),
-        "env": _engine_env(cr, profile, role),
+        "args": args,
+        "env": _engine_env(cr, profile, role, group_role),
         "ports": [
             {"name": contract.PORT_NAME_HTTP, "containerPort": contract.VLLM_PORT, "protocol": "TCP"},
             {"name": contract.PORT_NAME_RUNTIME, "containerPort": contract.RUNTIME_PORT, "protocol": "TCP"},
@@ -210,7 +242,7 @@ def _engine_container(
                 "protocol": "TCP",
             },
         ],
-        "resources": _resources(rs.resources, rs.tensor_parallel_size, rp.devices),
+        "resources": _resources(rs.resources, rp.gpus_per_pod, rp.devices),
         "volumeMounts": mounts,
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
@@ -222,9 +254,13 @@ def _engine_container(
     }
 
 
-def _engine_env(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> list[dict[str, Any]]:
-    """The profile's env (every HPD_* entry comes from it), then the Hugging Face token."""
+def _engine_env(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, group_role: contract.GroupRole | None = None
+) -> list[dict[str, Any]]:
+    """The profile's env (every HPD_* entry comes from it), a group member's role, then the Hugging Face token."""
     env: list[dict[str, Any]] = profile.role(role).env_k8s()
+    if group_role is not None:
+        env.append({"name": contract.ENV_GROUP_ROLE, "value": group_role})
     src = cr.spec.model.source
     hf = src.huggingface if src is not None else None
     if hf is not None and hf.token_secret_ref is not None:
@@ -257,25 +293,29 @@ def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def _generation_metadata(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> dict[str, Any]:
-    name = cr.metadata.name
-    md = metadata(name, cr.metadata.namespace, role_name(name, role, gen.hash), role)
+def generation_metadata(
+    cr: HybridPDDeployment, role: contract.Role, gen: Generation, name: str | None = None
+) -> dict[str, Any]:
+    """Metadata of one generation's child: `name` (default `<cr>-<role>-<gen>`) and the generation's labels."""
+    cr_name = cr.metadata.name
+    md = metadata(cr_name, cr.metadata.namespace, name or role_name(cr_name, role, gen.hash), role)
     md["labels"].update(gen.labels())
     return md
 
 
 def build_engine_service(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> Manifest:
     """Headless, one per generation: DNS lists only the generation's Ready pods (publishNotReadyAddresses false);
-    the decode pair check relies on it."""
+    the decode pair check relies on it. Of a role whose replicas span nodes, only the leaders (the pods that serve
+    vLLM's API)."""
     name = cr.metadata.name
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _generation_metadata(cr, role, gen),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": False,
-            "selector": selector_labels(name, role, gen.hash),
+            "selector": serving_selector(name, role, gen.hash, cr.spec.role(role).multi_node),
             "ports": [
                 {
                     "name": contract.PORT_NAME_HTTP,
@@ -302,6 +342,6 @@ def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generatio
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _generation_metadata(cr, role, gen),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(cr.metadata.name, role, gen.hash)}},
     }

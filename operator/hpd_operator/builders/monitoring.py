@@ -63,17 +63,16 @@ def build_pod_monitors(cr: HybridPDDeployment) -> list[Manifest]:
     if not cr.spec.monitoring.pod_monitor:
         return []
     inst = instance_label(cr.metadata.name)
+    match: list[dict[str, Any]] = [{"key": contract.LABEL_COMPONENT, "operator": "In", "values": list(contract.ROLES)}]
+    if any(cr.spec.role(r).multi_node for r in contract.ROLES):
+        # the workers of a replica that spans nodes serve no vLLM API (its metrics are the leader's)
+        match.append({"key": contract.LABEL_GROUP_ROLE, "operator": "NotIn", "values": [contract.GROUP_WORKER]})
     engines = _pod_monitor(
         cr,
         "engines",
         "engines",
         {
-            "selector": {
-                "matchLabels": {contract.LABEL_INSTANCE: inst},
-                "matchExpressions": [
-                    {"key": contract.LABEL_COMPONENT, "operator": "In", "values": list(contract.ROLES)}
-                ],
-            },
+            "selector": {"matchLabels": {contract.LABEL_INSTANCE: inst}, "matchExpressions": match},
             "podMetricsEndpoints": [
                 _endpoint(cr, contract.PORT_NAME_RUNTIME, contract.PATH_VLLM_METRICS, VLLM_ENDPOINT),
                 _endpoint(cr, contract.PORT_NAME_RUNTIME),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels
+from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels, serving_selector
 from hpd_operator.builders.common import POD_SECURITY_DEFAULTS, Manifest, container_security_context, labels, metadata
 from hpd_operator.generations import Generation
 from hpd_runtime import contract
@@ -25,8 +25,11 @@ PRESTOP_SECONDS = 5
 endpoints to reach kube-proxy (or the cloud load balancer) everywhere, so no new connection meets a closed port."""
 
 
-def _selector_args(cr_name: str, role: str, generation: str) -> list[str]:
-    return [f"{k}={v}" for k, v in selector_labels(cr_name, role, generation).items()]
+def _selector_args(cr_name: str, role: str, gen: Generation) -> list[str]:
+    """The pods that serve a role's API in `gen`: every pod, or the leaders of replicas that span nodes (in that
+    generation: a generation that still serves may have another shape than the spec's)."""
+    sel = serving_selector(cr_name, role, gen.hash, role in gen.groups)
+    return [f"{k}={v}" for k, v in sel.items()]
 
 
 def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
@@ -47,9 +50,9 @@ def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
         "--service-discovery-port",
         str(contract.VLLM_PORT),
         "--prefill-selector",
-        *_selector_args(name, "prefill", gen.hash),
+        *_selector_args(name, "prefill", gen),
         "--decode-selector",
-        *_selector_args(name, "decode", gen.hash),
+        *_selector_args(name, "decode", gen),
     ]
     if ns:
         args += ["--service-discovery-namespace", ns]
