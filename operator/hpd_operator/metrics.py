@@ -81,6 +81,12 @@ OWNER_REFERENCES_DEFERRED = Counter(
     "created moments before); completed on a retry.",
     ["kind"],
 )
+REPLICAS_HANDED_OFF = Counter(
+    "hpd_operator_replicas_handed_off_total",
+    "Deployments whose spec.replicas the operator handed to their autoscaler (a role that started to autoscale), "
+    "by role: the value stays, the operator stops owning it.",
+    ["role"],
+)
 OBJECTS_PRUNED = Counter("hpd_operator_objects_pruned_total", "Stale child objects deleted, by kind.", ["kind"])
 API_ERRORS = Counter(
     "hpd_operator_api_errors_total",

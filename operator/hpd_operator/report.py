@@ -18,7 +18,7 @@ from kubernetes import client
 
 from hpd_operator import apply as k8s
 from hpd_operator import metrics
-from hpd_operator.api.names import component_names
+from hpd_operator.api.names import component_names, role_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
@@ -38,6 +38,16 @@ def observe_deployments(children: Iterable[Mapping[str, Any]], name: str, uid: s
         d["metadata"]["name"]: dict(d) for d in children if d.get("kind") == "Deployment" and k8s.owned_by(d, uid)
     }
     return {comp: by_name.get(n) for comp, n in component_names(name).items()}
+
+
+def observe_autoscalers(children: Iterable[Mapping[str, Any]], name: str, uid: str) -> dict[str, dict[str, Any] | None]:
+    """Role -> its live HorizontalPodAutoscaler, if this CR owns it (named like the role's Deployment)."""
+    by_name = {
+        d["metadata"]["name"]: dict(d)
+        for d in children
+        if d.get("kind") == "HorizontalPodAutoscaler" and k8s.owned_by(d, uid)
+    }
+    return {role: by_name.get(role_name(name, role)) for role in contract.ROLES}
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -218,6 +218,7 @@ def compute_status(
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
     role_details: Mapping[str, str] | None = None,
+    autoscalers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -228,10 +229,13 @@ def compute_status(
     (e.g. a PodMonitor skipped). `previous` conditions and `now` keep lastTransitionTime stable across unchanged
     statuses (the caller owns the clock). `role_details` maps a role to why its pods are not Ready (their probe
     output, hpd_operator.podevents); it is appended to that role's condition message while the role is not Ready.
+    `autoscalers` maps an autoscaling role to its status.<role>.autoscaler (scaling.autoscaler_status); such a role's
+    desired count is its Deployment's replicas (its HPA's choice), not spec.<role>.replicas.
     """
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
     states = _states(spec, observed, pods or {}, nodes, now)
+    scalers = autoscalers or {}
     details = role_details or {}
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
@@ -247,19 +251,26 @@ def compute_status(
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
-        s = states[comp]
-        out[comp] = {
-            "replicas": s.replicas,
-            "readyReplicas": s.ready,
-            "updatedReplicas": s.updated,
-            "summary": f"{s.ready}/{s.desired}",
-            "selector": selector_string(name, comp),
-        }
+        out[comp] = _counts(name, comp, states[comp], scalers.get(comp))
     port = spec.router.service.port if spec is not None else None
     if port is not None:
         out["endpoint"] = endpoint_url(name, namespace, port)
     if profile is not None:
         out["profile"] = profile.status()
+    return out
+
+
+def _counts(name: str, comp: str, s: RoleState, scaler: Mapping[str, Any] | None) -> dict[str, Any]:
+    """status.<component>: its counts, the scale subresource's selector, its autoscaler's report if any."""
+    out: dict[str, Any] = {
+        "replicas": s.replicas,
+        "readyReplicas": s.ready,
+        "updatedReplicas": s.updated,
+        "summary": f"{s.ready}/{s.desired}",
+        "selector": selector_string(name, comp),
+    }
+    if scaler is not None:
+        out["autoscaler"] = dict(scaler)
     return out
 
 
@@ -277,6 +288,8 @@ def _states(
             desired = int((dep or {}).get("spec", {}).get("replicas") or 0)
         elif comp == contract.COMPONENT_ROUTER:
             desired = spec.router.replicas
+        elif spec.role(comp).autoscaling is not None and dep is not None:  # type: ignore[arg-type]
+            desired = int((dep.get("spec") or {}).get("replicas") or 0)  # the autoscaler's choice
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
         out[comp] = role_state(desired, dep, pods.get(comp), nodes, now)  # a component left out: pods not observed

@@ -135,6 +135,8 @@ class RuntimeState:
         """Identifies this runtime process (= this vLLM process: `launch` exits with vLLM); decode peers poll it."""
         self._pair_fault: str | None = None
         self._kv_report: str | None = None
+        self.draining = threading.Event()
+        """Set by POST /drain (the preStop): not Ready from then on, whatever else holds."""
 
     def set_pair_fault(self, reason: str | None) -> None:
         """Decode: why P->D is not trusted now (None = the pair checks pass)."""
@@ -194,7 +196,9 @@ def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, s
     """(ready, reason). Checks vLLM /health live every time, so a dead engine turns the pod not ready."""
     status = health_status(cfg.vllm_host, cfg.vllm_port, timeout=HEALTH_TIMEOUT_SECONDS)
     state.metrics.vllm_healthy.set(1 if status == 200 else 0)
-    if not state.warm.is_set():
+    if state.draining.is_set():
+        ready, why = False, "draining: the pod is leaving (preStop), finishing in-flight requests"
+    elif not state.warm.is_set():
         phase, reason = state.snapshot()
         ready, why = False, f"warmup {phase}: {reason}"
     elif (fault := state.pair_fault()) is not None:
@@ -237,6 +241,15 @@ def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHT
                 self._send(200, generate_latest(state.metrics.registry), CONTENT_TYPE_LATEST)
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0] != c.PATH_DRAIN:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+                return
+            if not state.draining.is_set():
+                state.draining.set()
+                log_event("draining")
+            self._send(200, b"draining\n", "text/plain; charset=utf-8")
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

@@ -93,6 +93,7 @@ DENIED_FLAGS: Final = MappingProxyType(
         "--speculative-config": "speculative decoding is not validated with hybrid P/D (MTP crashes on transferred state)",
         "--speculative-model": "speculative decoding is not validated with hybrid P/D",
         "--num-speculative-tokens": "speculative decoding is not validated with hybrid P/D",
+        "--shutdown-timeout": "set spec.drainTimeoutSeconds (the preStop and the termination grace period follow it)",
         "--disable-log-stats": "it removes every vllm:* metric from /metrics (dashboards, alerts, autoscaling)",
         "--pipeline-parallel-size": "one pipeline stage per pod: GPUs, the NIXL handshake and the cache key assume it",
         "--data-parallel-size": "one data-parallel rank per pod: the NIXL side-channel port is base + DP rank",

@@ -207,6 +207,8 @@ def _crd_version(root: Schema) -> dict[str, Any]:
             },
             {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.summary"},
             {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary"},
+            {"name": "Prefill-Scaler", "type": "string", "jsonPath": ".status.prefill.autoscaler.summary"},
+            {"name": "Decode-Scaler", "type": "string", "jsonPath": ".status.decode.autoscaler.summary"},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
 from hpd_operator.api.names import role_name, selector_labels
 from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata
-from hpd_operator.profile import Profile, gemm_warmup_seconds
+from hpd_operator.profile import Profile, drain_grace_seconds, gemm_warmup_seconds
 from hpd_runtime import contract
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -96,12 +96,15 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         template = deep_merge(template, _plain(rs.pod_template))
         # Our labels win: the selector and the router's discovery depend on them.
         template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(name, role)}
+    spec: dict[str, Any] = {} if rs.autoscaling is not None else {"replicas": rs.replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(name, ns, role_name(name, role), role),
+        # An autoscaling role leaves replicas out: the HPA owns the field (server-side apply: the operator's applied
+        # config no longer lists it), so no apply of the operator ever resets what the autoscaler chose.
         "spec": {
-            "replicas": rs.replicas,
+            **spec,
             "selector": {"matchLabels": selector_labels(name, role)},
             # GPUs are the scarce resource: never surge (a surge pod would wait for GPUs that do not exist);
             # replace one pod at a time instead.
@@ -126,8 +129,8 @@ def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Ro
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        # vLLM drains in-flight requests on SIGTERM; give it time.
-        "terminationGracePeriodSeconds": 60,
+        # The preStop drain, then vLLM's --shutdown-timeout (hpd_runtime.drain), then a margin.
+        "terminationGracePeriodSeconds": drain_grace_seconds(cr.spec.drain_timeout_seconds),
     }
     if rs.node_selector:
         pod_spec["nodeSelector"] = dict(rs.node_selector)
@@ -164,6 +167,8 @@ def _engine_container(
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
+        # A leaving pod stops new work and finishes what it holds before SIGTERM (hpd_runtime.drain).
+        "lifecycle": {"preStop": {"exec": {"command": list(contract.DRAIN_COMMAND)}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"], **({"add": list(rp.capabilities)} if rp.capabilities else {})},
@@ -236,9 +241,11 @@ def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifes
 
 
 def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role) -> Manifest | None:
-    """One voluntary disruption at a time, only when the role has >= 2 replicas (with one, a PDB would either
-    block node drains forever or protect nothing)."""
-    if cr.spec.role(role).replicas < 2:
+    """One voluntary disruption at a time, only when the role has (or may autoscale to) >= 2 replicas (with one, a
+    PDB would either block node drains forever or protect nothing)."""
+    rs = cr.spec.role(role)
+    most = rs.autoscaling.max_replicas if rs.autoscaling is not None else rs.replicas
+    if most < 2:
         return None
     name, ns = cr.metadata.name, cr.metadata.namespace
     return {
