@@ -205,17 +205,20 @@ def prove(
     pdbs, pms = optional_children(api, ns, name)
     assert pdbs == [f"{name}-decode"] and len(pms) == 2
 
-    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned.
-    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}}
+    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned; prefill starts to
+    # autoscale -> its HPA is created and its replicas handed off (no metrics adapter here: the HPA only waits).
+    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False},
+            "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}}  # fmt: skip
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
     wait(
         op,
         lambda: (
             apps.read_namespaced_deployment(f"{name}-decode", ns).spec.replicas == 1
-            and optional_children(api, ns, name) == ([], [])
+            and optional_children(api, ns, name) == ([f"{name}-prefill"], [])  # prefill may reach 2 replicas
+            and client.AutoscalingV2Api(api).read_namespaced_horizontal_pod_autoscaler(f"{name}-prefill", ns)
             and ready(get_cr(api, ns, name))
         ),
-        f"{name} decode scaled to 1, PDB and PodMonitors pruned, Ready",
+        f"{name} decode scaled to 1, its PDB and PodMonitors pruned, prefill's HPA and PDB made, Ready",
     )
 
     co.delete_namespaced_custom_object(G, V, ns, P, name)
