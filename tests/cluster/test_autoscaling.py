@@ -109,7 +109,10 @@ class Recorder:
 
 
 def _cr(name: str, **spec: Any) -> dict[str, Any]:
-    fast = {"scaleDownStabilizationSeconds": 0, "scaleDownPeriodSeconds": 1}
+    # A short stabilization window: the exporter re-spreads a role's load as soon as a pod comes or goes, a second
+    # before Prometheus scrapes the new pod, and the sum the HPA reads dips for that second (a real pod's signal does
+    # not); the window keeps such a dip from scaling a role down.
+    fast = {"scaleDownStabilizationSeconds": 8, "scaleDownPeriodSeconds": 1}
     base = {
         "model": {"name": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"},
         "warmup": {"enabled": False},
