@@ -192,7 +192,7 @@ def test_each_role_follows_its_own_signal_within_the_ratio_and_the_operator_neve
     st = wait_for(settled, 60, what="both autoscalers reported at their minimum in status")
     assert st["prefill"]["autoscaler"]["signals"] == ["waitingRequests 0/4"], st["prefill"]["autoscaler"]
     assert sorted(st["decode"]["autoscaler"]["signals"]) == ["kvCacheUsage 0/0.7", "runningRequests 0/32"]
-    out = kubectl(kubeconfig, "get", "hpd", name, "-n", ns).stdout
+    out = kubectl(kubeconfig, "get", "hpd", name, "-n", ns, "-o", "wide").stdout
     assert "PREFILL-SCALER" in out and "DECODE-SCALER" in out, out
 
 

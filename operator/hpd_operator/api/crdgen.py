@@ -207,8 +207,15 @@ def _crd_version(root: Schema) -> dict[str, Any]:
             },
             {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.summary"},
             {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary"},
-            {"name": "Prefill-Scaler", "type": "string", "jsonPath": ".status.prefill.autoscaler.summary"},
-            {"name": "Decode-Scaler", "type": "string", "jsonPath": ".status.decode.autoscaler.summary"},
+            # The autoscalers' `current->desired decision` (kubectl get hpd -o wide): empty for a CR that does not
+            # autoscale, so not in the default table a newcomer sees first.
+            {
+                "name": "Prefill-Scaler",
+                "type": "string",
+                "jsonPath": ".status.prefill.autoscaler.summary",
+                "priority": 1,
+            },
+            {"name": "Decode-Scaler", "type": "string", "jsonPath": ".status.decode.autoscaler.summary", "priority": 1},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
