@@ -8,6 +8,8 @@ hack/setup.sh
 hack/prometheus.sh >/dev/null
 hack/image-tools.sh  # buildah + mmdebstrap from Debian: the image tests build our images for real
 hack/actionlint.sh >/dev/null  # the release workflow's linter, built once from its Go module
+# cyclonus, the NetworkPolicy evaluator of tests/cluster/test_network_policy.py, built once from its Go module
+.venv/bin/python -m hpd_devcluster build --test-tools >/dev/null
 # The version truth test parses the generated argv with the own parsers of vLLM 0.20, 0.25, 0.27 and 0.33, in
 # test-only venvs kept in ~/.cache/hybrid-pd (made once by uv with one shared package cache and hard links: about
 # 14 GB on disk for the four, 3 torch versions; about 7 minutes cold; reused afterwards).

@@ -85,6 +85,18 @@ CASES: list[Case] = [
     ("tpl-args", _set("decode.podTemplate", {"spec": {"containers": [{"name": "vllm", "args": ["--tensor-parallel", "2"]}]}})),
     ("tpl-hostnetwork", _set("decode.podTemplate", {"spec": {"hostNetwork": True}})),
     ("tpl-privileged", _set("decode.podTemplate", {"spec": {"containers": [{"name": "vllm", "securityContext": {"privileged": True}}]}})),
+    # issue #32 item 3: a token, a security profile or a node-critical priority chosen through podTemplate (refused),
+    # and Secret-bearing volumes (accepted here, where the sweep creates CRs as an admin: the chart's
+    # admission.checkSecretReferences policy refuses them to an author who may not read the Secret,
+    # tests/chart/test_admission_policies.py)
+    ("tpl-projected-token", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]}})),
+    ("tpl-apparmor-unconfined", _set("decode.podTemplate", {"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}})),
+    ("tpl-seccomp-annotation", _set("decode.podTemplate", {"metadata": {"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}})),
+    ("tpl-priority-node-critical", _set("decode.podTemplate", {"spec": {"priorityClassName": "system-node-critical"}})),
+    ("tpl-priority-cluster-critical", _set("prefill.podTemplate", {"spec": {"priorityClassName": "system-cluster-critical"}})),
+    ("tpl-secret-volume", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "s", "secret": {"secretName": "other-team", "optional": True}}]}})),
+    ("tpl-projected-secret", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "s", "projected": {"sources": [{"secret": {"name": "other-team", "optional": True}}]}}]}})),
+    ("tpl-csi-secret", _set("decode.podTemplate", {"spec": {"volumes": [{"name": "s", "csi": {"driver": "secrets-store.csi.k8s.io", "nodePublishSecretRef": {"name": "other-team"}}}]}})),
     ("tolerations-bad-op", _set("decode.tolerations", [{"key": "a", "operator": "Bogus"}])),
     ("nodeselector-bad-key", _set("decode.nodeSelector", {"bad key!": "x"})),
     ("nodeselector-nowhere", _set("decode.nodeSelector", {"example.com/none": "x"})),
@@ -98,6 +110,18 @@ CASES: list[Case] = [
     ("args-abbrev-tp", _set("extraArgs", ["--tensor-parallel", "2"])),
     ("args-unknown", _set("extraArgs", ["--no-such-flag"])),
     ("args-abbrev-port", _set("extraArgs", ["--por", "9000"])),
+    # issue #32 item 5 and #26: typed values vLLM's parser would refuse, the multi-node launch flags, a spec too
+    # large to store a status beside it, impossible fabric / UCX combinations
+    ("args-typed-emoji", _set("extraArgs", ["--max-num-seqs", "\U0001f680"])),
+    ("args-choice", _set("decode.extraArgs", ["--kv-cache-dtype=fp9"])),
+    ("args-headless", _set("extraArgs", ["--headless"])),
+    ("args-nnodes", _set("prefill.extraArgs", ["--nnodes", "2"])),
+    ("env-1.5mb", _set("env", [{"name": f"E{i}", "value": "x" * 24_000} for i in range(64)])),
+    ("rdma-no-devices", _set("kvTransfer", {"fabric": "rdma"})),
+    ("rdma-devices-tcp", _set("kvTransfer", {"rdma": {"resourceName": "rdma/ib"}})),
+    ("ucx-no-am", _set("kvTransfer", {"ucx": {"tls": "cuda_copy,cuda_ipc"}})),
+    ("rdma-tcp-only-tls", _set("kvTransfer", {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib"}, "ucx": {"tls": "tcp,cuda_copy"}})),
+    ("rdma-ok", _set("kvTransfer", {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib"}})),
     ("image-space", _set("image", " bad image")),
     ("cache-pvc-missing", _set("cache", {"type": "pvc", "claimName": "nope"})),
     ("cache-size-lots", _set("cache", {"sizeLimit": "lots"})),
@@ -244,13 +268,15 @@ def sweep(api: client.ApiClient, core: Any, apps: Any, co: Any, ns: str) -> dict
             if owners and inst and not crs[owners[0]].startswith(inst[:40]):
                 wrong.append(o.metadata.name)
 
-    # the sentinel's drift is still corrected
-    dep = apps.read_namespaced_deployment("sentinel-decode", ns)
+    # the sentinel's drift is still corrected (its decode Deployment: `sentinel-decode-<generation>`)
+    sel = f"{contract.LABEL_INSTANCE}=sentinel,{contract.LABEL_COMPONENT}=decode"
+    (dep,) = apps.list_namespaced_deployment(ns, label_selector=sel).items
+    name = dep.metadata.name
     body = copy.deepcopy(dep)
     body.spec.replicas = 3
-    apps.replace_namespaced_deployment("sentinel-decode", ns, body)
+    apps.replace_namespaced_deployment(name, ns, body)
     t = time.monotonic()
-    while apps.read_namespaced_deployment("sentinel-decode", ns).spec.replicas != 1:
+    while apps.read_namespaced_deployment(name, ns).spec.replicas != 1:
         if time.monotonic() - t > 60:
             break
         time.sleep(0.2)

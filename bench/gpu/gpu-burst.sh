@@ -20,9 +20,10 @@ for a in "$@"; do case "$a" in --*) extra+=("$a") ;; *) plans+=("$a") ;; esac; d
 lane() {  # lane NAME GPUS OFFSET PLAN
   local logs=/tmp/hpd-logs/$1
   rm -rf "$logs" && mkdir -p "$logs"
-  timeout --signal=INT "${BURST_SECONDS:-500}" python3 bench/gpu/run.py --rendered .gpu/rendered.json --plan "$4" \
+  # run.py's own waits end 30 s before the limit (--deadline-s), its teardown then fits; -k: a hung teardown is killed
+  timeout -k 30 --signal=INT "${BURST_SECONDS:-500}" python3 bench/gpu/run.py --rendered .gpu/rendered.json --plan "$4" \
     --out "$logs" --work "/tmp/hpd-bench-$1" --gpus "$2" --port-offset "$3" "${sites[@]}" "${extra[@]}" \
-    > "$logs/run.py.out" 2>&1
+    --deadline-s=$(( ${BURST_SECONDS:-500} - 30 )) > "$logs/run.py.out" 2>&1
   echo "lane $1 run.py rc=$?"
   mkdir -p "$OUT/$1"
   cp "$logs/result.json" "$OUT/$1/" 2>/dev/null
@@ -53,6 +54,9 @@ for cr, x in rep["runs"].items():
     print("  autotune after ready:", x.get("autotune_events_after_ready"), "blocks:", x.get("block_sizes"))
     for role, lines in (x.get("gemm_warmup_log") or {}).items():
         print("  gemm warmup", role, lines[-1:] if lines else "no line")
+    ds = (x.get("decode_steps") or {}).get("summary")
+    if ds:
+        print("  decode steps:", json.dumps(ds))
     b = x.get("badpair")
     if b:
         print("  badpair ever ready:", b["decode_ever_ready"], b["readyz_history"][-2:])

@@ -20,6 +20,25 @@ One invocation runs a plan of steps, e.g. `--plan tiny-eager:cold+shapes+restart
            kubelet does); NIXL errors in the decode log.
   badpair  (for a known-bad CR) decode must never turn Ready: /readyz polled for HOLD_BAD_S after its verdict, the
            reason recorded; P->D vs colocated outputs through the router for the record.
+The decode side under a running prefill (issue #31; `decode_lifecycle`, one schedule for the three, in this order):
+  canary          "on" phase: P->D through the router at LOAD_CONCURRENCY for LOAD_PHASE_S on the first decode, run
+                  with HPD_CANARY_SECONDS=CANARY_ON_SECONDS; user latency percentiles, split by whether a request
+                  overlapped one of the decode's canary round trips (its `canary` log events), and
+                  hpd_runtime_canary_checks_total before/after. The "off" phase (the same load) comes last, on the
+                  replacement decode, which runs with HPD_CANARY_SECONDS=0 (the CR's canarySeconds edited and rolled
+                  out); without replace-decode, on the first decode restarted with 0.
+  restart-decode  decode's vLLM restarted under a running prefill: SIGTERM to decode's launcher (SIGKILL after the
+                  rendered terminationGracePeriodSeconds, as the kubelet), started again at once with the same argv,
+                  env and cache. P->D through the router one request at a time before, while down and after, each
+                  answer judged against decode's colocated answer (identical ids, or within the runtime's output
+                  check: `judge`); /readyz of every pod polled; prefill's KV usage gauges before/while down/after.
+  replace-decode  a new decode pod: the decode Deployment's container with HPD_POD_IP=NEW_POD_IP (so a new
+                  VLLM_NIXL_SIDE_CHANNEL_HOST) and its own ports, started while the first decode still serves (after
+                  that one's restart, if any); once Ready, a second router pointed at it (static URLs), the traffic
+                  moved there, the old decode terminated (it departs), P->D checked after.
+  Every start waits for the previous one's KV cache allocation (vLLM's memory profiler fails when another process
+  frees GPU memory meanwhile, and shrinks the KV cache when one allocates). Prefill's log since the first step is
+  scanned for vLLM errors and NIXL/UCX lines (`log_scan`), the decodes' logs likewise.
 A plan item `CR@no-block-size:steps` runs CR's rendered argv with `--block-size N` removed from both roles (an
 experiment: what vLLM does with its own sizes where the operator asks for spec.blockSize); the JSON records it.
 `CR@env+NAME=VALUE:steps` sets one env entry on both roles, `CR@env-NAME:steps` removes one (e.g. the A/B of
@@ -40,7 +59,7 @@ that directory with bench/gpu/word_tokenizer.py's files beside config.json (benc
 Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first on one host (a TP=1 role takes the
 first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
 build of the CR's image tag on each role's PYTHONPATH, so one lane can run CRs of different vLLM versions.
-Only 127.0.0.1 is used.
+Only loopback is used: 127.0.0.1, and 127.0.0.2 as the replacement decode's pod address.
 """
 
 from __future__ import annotations
@@ -77,8 +96,14 @@ KV_ALLOCATED = "GPU KV cache size"
 PORTS = {
     "prefill": {"vllm": 8200, "runtime": 8201, "side": 5600},
     "decode": {"vllm": 8300, "runtime": 8301, "side": 5700},
+    "decode-new": {"vllm": 8600, "runtime": 8601, "side": 5900},
 }
-ROUTER_PORTS = {"http": 8090, "metrics": 29001}
+"""decode-new: the replacement decode pod of replace-decode (its own address NEW_POD_IP, its own ports)."""
+NEW_POD_IP = "127.0.0.2"
+"""The replacement decode's pod IP: VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP) expands to it (127.0.0.0/8 is all
+loopback on Linux, so a second address needs no network setup)."""
+ROUTER_PORTS = {"http": 8090, "metrics": 29001, "http2": 8091, "metrics2": 29002}
+"""http/metrics: the router; http2/metrics2: the second router of replace-decode (pointed at the new decode)."""
 GPUS: list[int] = [0, 1]
 """The lane's GPUs: a role of TP size t runs on the first t (set by --gpus)."""
 VLLM_SITES: dict[str, str] = {}
@@ -106,6 +131,9 @@ HOST_SUBSTITUTIONS = [
     "CUDA_VISIBLE_DEVICES=the lane's first TP GPUs per role (both roles share the first; on Kubernetes each pod has "
     "its own GPUs)",
     "PYTHONPATH: the vLLM build of the rendered image's tag (--vllm-site), the router wheels and hpd_runtime",
+    "replace-decode's new pod: HPD_POD_IP=127.0.0.2 (VLLM_NIXL_SIDE_CHANNEL_HOST expands to it), HPD_RUNTIME_HOST=127.0.0.2, "
+    "its own vLLM, runtime and side-channel ports; the router reaches it at 127.0.0.2 (vLLM binds every address)",
+    "canary step: HPD_CANARY_SECONDS=5 on the first decode, 0 on the replacement (recorded as canary_step)",
     "VLLM_USE_FLASHINFER_SAMPLER=0: flashinfer is not staged (the image ships it); vLLM 0.25 imports it for its "
     "top-k/top-p sampler unless told not to (0.20 falls back by itself); greedy requests sample the same either way",
 ]
@@ -147,6 +175,8 @@ class Role:
     argv: list[str]
     env: dict[str, str]
     tp: int
+    host: str = "127.0.0.1"
+    """The pod's address (HPD_POD_IP): what the router and this script reach its vLLM and runtime at."""
     log: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     t_start: float = 0.0
@@ -155,43 +185,50 @@ class Role:
     log_offset_at_ready: int = 0
 
 
+def role_command(
+    manifests: list[dict[str, Any]], cr: str, name: str, model_dir: Path, cache_root: Path, *,
+    pod: str | None = None, pod_ip: str = "127.0.0.1",
+) -> Role:  # fmt: skip
+    """One role's argv/env: the rendered container's command + args and env, with HOST_SUBSTITUTIONS only. `pod`
+    (a PORTS key, default the role) and `pod_ip` make another pod of the same Deployment (replace-decode)."""
+    pod = pod or name
+    ctr = rendered_container(manifests, cr, name)
+    args = list(ctr["args"])
+    ports = PORTS[pod]
+    _set_arg(args, "--port", str(ports["vllm"]))
+    _set_arg(args, "--model", str(model_dir))
+    env: dict[str, str] = {}
+    for entry in ctr.get("env", []):
+        if entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
+            env[entry["name"]] = pod_ip
+        elif "value" in entry:
+            env[entry["name"]] = expand_k8s_vars(str(entry["value"]), env)
+    tp = int(env[contract.ENV_TENSOR_PARALLEL_SIZE])
+    env.update({
+        contract.ENV_MODEL: str(model_dir),
+        contract.ENV_VLLM_PORT: str(ports["vllm"]),
+        contract.ENV_RUNTIME_PORT: str(ports["runtime"]),
+        contract.ENV_RUNTIME_HOST: pod_ip,
+        contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: str(ports["side"]),
+        contract.ENV_CACHE_DIR: str(cache_root),
+        "TRITON_PRINT_AUTOTUNING": "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in GPUS[:tp]),
+        **NO_NVLINK_MULTICAST,
+    })  # fmt: skip
+    if name == "decode":
+        env[contract.ENV_PREFILL_SERVICE] = "127.0.0.1"
+        env[contract.ENV_PREFILL_PORT] = str(PORTS["prefill"]["vllm"])
+        env[contract.ENV_PREFILL_RUNTIME_PORT] = str(PORTS["prefill"]["runtime"])
+    version = str(ctr.get("image", "")).rpartition(":")[2]
+    if version in VLLM_SITES:
+        prepend_pythonpath(env, VLLM_SITES[version])
+    return Role(pod, [*ctr["command"], *args], env, tp, host=pod_ip)
+
+
 def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cache_root: Path) -> dict[str, Role]:
-    """Each role's argv/env: the rendered container's command + args and env, with HOST_SUBSTITUTIONS only."""
-    roles: dict[str, Role] = {}
-    for name in contract.ROLES:
-        ctr = rendered_container(manifests, cr, name)
-        args = list(ctr["args"])
-        ports = PORTS[name]
-        _set_arg(args, "--port", str(ports["vllm"]))
-        _set_arg(args, "--model", str(model_dir))
-        env: dict[str, str] = {}
-        for entry in ctr.get("env", []):
-            if entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP":
-                env[entry["name"]] = "127.0.0.1"
-            elif "value" in entry:
-                env[entry["name"]] = expand_k8s_vars(str(entry["value"]), env)
-        tp = int(env[contract.ENV_TENSOR_PARALLEL_SIZE])
-        env.update({
-            contract.ENV_MODEL: str(model_dir),
-            contract.ENV_VLLM_PORT: str(ports["vllm"]),
-            contract.ENV_RUNTIME_PORT: str(ports["runtime"]),
-            contract.ENV_RUNTIME_HOST: "127.0.0.1",
-            contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT: str(ports["side"]),
-            contract.ENV_CACHE_DIR: str(cache_root),
-            "TRITON_PRINT_AUTOTUNING": "1",
-            "VLLM_USE_FLASHINFER_SAMPLER": "0",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in GPUS[:tp]),
-            **NO_NVLINK_MULTICAST,
-        })  # fmt: skip
-        if name == "decode":
-            env[contract.ENV_PREFILL_SERVICE] = "127.0.0.1"
-            env[contract.ENV_PREFILL_PORT] = str(PORTS["prefill"]["vllm"])
-            env[contract.ENV_PREFILL_RUNTIME_PORT] = str(PORTS["prefill"]["runtime"])
-        version = str(ctr.get("image", "")).rpartition(":")[2]
-        if version in VLLM_SITES:
-            prepend_pythonpath(env, VLLM_SITES[version])
-        roles[name] = Role(name, [*ctr["command"], *args], env, tp)
-    return roles
+    """Each role's argv/env (role_command) for the CR's prefill and decode Deployments."""
+    return {name: role_command(manifests, cr, name, model_dir, cache_root) for name in contract.ROLES}
 
 
 def served_name(manifests: list[dict[str, Any]], cr: str) -> str:
@@ -348,18 +385,22 @@ def wait_kv_allocated(role: Role, deadline: float) -> None:
             raise RuntimeError(f"{role.name} exited with {role.proc.returncode}; see {role.log.name}")
         if KV_ALLOCATED in role.log.read_text(errors="replace"):
             return
-        if get(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 200:
+        if get(f"http://{role.host}:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 200:
             return
         time.sleep(0.5)
     raise TimeoutError(f"{role.name}: no '{KV_ALLOCATED}' line in time")
 
 
+def readyz_url(role: Role) -> str:
+    return f"http://{role.host}:{PORTS[role.name]['runtime']}{contract.PATH_READYZ}"
+
+
 def poll_times(role: Role) -> bool:
     """Update t_health/t_ready; True once /readyz is 200."""
     now = time.perf_counter()
-    if role.t_health is None and get(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health")[0] == 200:
+    if role.t_health is None and get(f"http://{role.host}:{PORTS[role.name]['vllm']}/health")[0] == 200:
         role.t_health = now - role.t_start
-    if get(f"http://127.0.0.1:{PORTS[role.name]['runtime']}{contract.PATH_READYZ}")[0] == 200:
+    if get(readyz_url(role))[0] == 200:
         if role.t_ready is None:
             role.t_ready = now - role.t_start
             assert role.log is not None
@@ -378,7 +419,7 @@ def wait_ready(roles: dict[str, Role], deadline: float) -> None:
             if poll_times(role):
                 del pending[name]
         if time.perf_counter() > deadline:
-            reasons = {n: get(f"http://127.0.0.1:{PORTS[n]['runtime']}{contract.PATH_READYZ}")[1] for n in pending}
+            reasons = {n: get(readyz_url(r))[1] for n, r in pending.items()}
             raise TimeoutError(f"not ready in time: {reasons}")
         time.sleep(0.25)
 
@@ -395,7 +436,7 @@ def stop_role(role: Role, grace: float = 60) -> int | None:
             role.proc.wait(10)
     # the engine core is its own process; wait until the port is closed so the GPU memory is free
     for _ in range(120):
-        if get(f"http://127.0.0.1:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 0:
+        if get(f"http://{role.host}:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 0:
             break
         time.sleep(0.5)
     return role.proc.returncode
@@ -403,28 +444,43 @@ def stop_role(role: Role, grace: float = 60) -> int | None:
 
 class Router:
     """vllm-router 0.1.17 on loopback: P/D (`--vllm-pd-disaggregation`, prefill and decode of PORTS), or with
-    `workers` its regular mode over those vLLM ports (round robin, as bench/load's colocated side)."""
+    `workers` its regular mode over those vLLM ports (round robin, as bench/load's colocated side). `decode` points
+    a P/D router at another decode pod (its host and PORTS entry; static URLs, as the bench's router has), on the
+    ROUTER_PORTS pair `ports` (a second router beside the first)."""
 
-    def __init__(self, out: Path, tag: str, env: dict[str, str], workers: list[str] | None = None) -> None:
+    def __init__(
+        self, out: Path, tag: str, env: dict[str, str], workers: list[str] | None = None, *,
+        decode: Role | None = None, ports: tuple[str, str] = ("http", "metrics"),
+    ) -> None:  # fmt: skip
         self.log = out / f"{tag}-router.log"
+        d_url = (
+            f"http://{decode.host}:{PORTS[decode.name]['vllm']}"
+            if decode
+            else f"http://127.0.0.1:{PORTS['decode']['vllm']}"
+        )
         if workers is None:
             mode = ["--vllm-pd-disaggregation", "--prefill", f"http://127.0.0.1:{PORTS['prefill']['vllm']}",
-                    "--decode", f"http://127.0.0.1:{PORTS['decode']['vllm']}"]  # fmt: skip
+                    "--decode", d_url]  # fmt: skip
         else:
             mode = ["--worker-urls", *(f"http://127.0.0.1:{PORTS[w]['vllm']}" for w in workers)]
+        self.port = ROUTER_PORTS[ports[0]]
         argv = [
             sys.executable, "-c", "import sys; from vllm_router.launch_router import main; sys.exit(main())", *mode,
-            "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(ROUTER_PORTS["http"]),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORTS["metrics"]),
+            "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(self.port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORTS[ports[1]]),
         ]  # fmt: skip
         self.argv = argv
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
-        while get(f"http://127.0.0.1:{ROUTER_PORTS['http']}/health")[0] != 200:
+        while get(f"http://127.0.0.1:{self.port}/health")[0] != 200:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"router did not come up; see {self.log.name}")
             time.sleep(0.25)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/completions"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -664,7 +720,7 @@ def kv_transfer_figures(decode: Role) -> dict[str, Any]:
     # the pair check moves KV before Ready; what the measured requests moved is in the lines after it
     if have_log and decode.t_ready is not None:
         out["log_after_ready"] = kv_transfer_log(log_text(decode, decode.log_offset_at_ready))
-    status, body = get(f"http://127.0.0.1:{PORTS['decode']['vllm']}/metrics", 5.0)
+    status, body = get(f"http://{decode.host}:{PORTS[decode.name]['vllm']}/metrics", 5.0)
     out["metrics"] = parse_nixl_metrics(body) if status == 200 else {"error": f"/metrics answered {status}"}
     return out
 
@@ -713,7 +769,7 @@ class Timeline:
     def _poll(self) -> None:
         while not self.stop.wait(0.5):
             for n in self.roles:
-                status, body = get(f"http://127.0.0.1:{PORTS[n]['runtime']}{contract.PATH_READYZ}", 1.5)
+                status, body = get(readyz_url(self.roles[n]), 1.5)
                 hist = self.readyz[n]
                 if not hist or hist[-1][1] != status or hist[-1][2] != body.strip()[:200]:
                     hist.append((self.now(), status, body.strip()[:200]))
@@ -780,6 +836,433 @@ def restart_prefill(
     return res
 
 
+# --- the decode side's lifecycle under a running prefill (issue #31) -----------------------------------------------
+DECODE_STEPS = ("restart-decode", "replace-decode", "canary")
+TRAFFIC_LENGTHS = (500, 1200, 2100, 3000)
+TRAFFIC_TOKENS = 8
+LOAD_CONCURRENCY = 4
+"""Concurrent senders in the canary step's load phases (the steady concurrency the user latency is read at)."""
+LOAD_PHASE_S = 12.0
+BEFORE_S = 5.0
+AFTER_S = 8.0
+BOOT_TIMEOUT_S = 300.0
+CANARY_ON_SECONDS = "5"
+"""HPD_CANARY_SECONDS of the decode the canary step's "on" phase runs on (the replacement pod gets 0: "off")."""
+PRE_RESTART_GRACE_S = 60.0
+"""terminationGracePeriodSeconds when the rendered pod spec has none (the kubelet SIGKILLs after it)."""
+TEARDOWN_GRACE_S = 10.0
+NIXL_PATTERN = re.compile(r"nixl|ucx|ucp_|uct_|handshake|KV blocks|remote agent|xfer", re.I)
+EXPIRED_KV = "Releasing expired KV blocks"
+"""vLLM 0.20 prefill (nixl/worker.py get_finished): blocks of a request no decode read within
+VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s) are freed with this warning."""
+PREFILL_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+@dataclass
+class Bench:
+    """What the decode steps need of one run_step: the CR's rendered manifests, its roles and the run's places."""
+
+    manifests: list[dict[str, Any]]
+    cr: str
+    variant: str
+    model_dir: Path
+    cache_root: Path
+    work: Path
+    out: Path
+    served: str
+    base_env: dict[str, str]
+    roles: dict[str, Role]
+    deadline: float = math.inf
+    """perf_counter() by which the whole plan must be done (--deadline-s)."""
+    load_s: float = 0.0
+    """Each canary load phase (LOAD_PHASE_S unless --load-phase-s)."""
+    after_s: float = 0.0
+    """The checked traffic after a restart or a swap (AFTER_S unless --after-s)."""
+    routers: list[Router] = dataclasses.field(default_factory=list)
+
+    def until(self, seconds: float) -> float:
+        return min(time.perf_counter() + seconds, self.deadline)
+
+    def grace(self) -> float:
+        """The decode pod's terminationGracePeriodSeconds, as rendered (what the kubelet waits before SIGKILL)."""
+        for m in self.manifests:
+            labels = m.get("metadata", {}).get("labels", {})
+            if m.get("kind") == "Deployment" and labels.get(contract.LABEL_INSTANCE) == self.cr \
+                    and labels.get(contract.LABEL_COMPONENT) == "decode":  # fmt: skip
+                return float(m["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", PRE_RESTART_GRACE_S))
+        return PRE_RESTART_GRACE_S
+
+    def new_decode(self, canary_seconds: str | None) -> Role:
+        """The decode Deployment's container as a new pod: pod IP NEW_POD_IP (so a new NIXL side-channel address),
+        its own ports, the run's @variant and the GEMM warmup plugin as the first decode has them."""
+        role = role_command(self.manifests, self.cr, "decode", self.model_dir, self.cache_root, pod="decode-new",
+                            pod_ip=NEW_POD_IP)  # fmt: skip
+        if self.variant:
+            apply_variant({role.name: role}, self.variant)
+        install_gemm_warmup_plugin(role, self.work)
+        if canary_seconds is not None:
+            role.env[contract.ENV_CANARY_SECONDS] = canary_seconds
+        return role
+
+
+def vllm_url(role: Role, path: str = "/v1/completions") -> str:
+    return f"http://{role.host}:{PORTS[role.name]['vllm']}{path}"
+
+
+def references(model: str, decode: Role) -> list[tuple[list[int], dict[str, Any]]]:
+    """TRAFFIC_LENGTHS prompts and their colocated answers on `decode` (greedy, logprobs): what P->D must match."""
+    rng = random.Random(777)
+    out = []
+    for n in TRAFFIC_LENGTHS:
+        ids = prompt(rng, n)
+        out.append((ids, post(vllm_url(decode), completion(model, ids, TRAFFIC_TOKENS))[1]))
+    return out
+
+
+def judge(resp: dict[str, Any], ref: dict[str, Any], n: int) -> dict[str, Any]:
+    """One P->D answer against its colocated reference: identical ids; else `close` (the runtime's output check:
+    the logprob gap at the first divergent token within its bound, all finite) or DIFFERENT."""
+    (got, lps), (want, _) = answer(resp), answer(ref)
+    nonfinite = any(not math.isfinite(x) or x <= -9999 for x in lps)
+    if got == want and got is not None and not nonfinite:
+        return {"outcome": "identical"}
+    gap = pair_verdict(resp, ref, n)["max_delta"]
+    close = gap is not None and not nonfinite and gap <= paircheck.MAX_LOGPROB_DELTA_DEFAULT
+    return {"outcome": "close" if close else "DIFFERENT", "gap": gap, "nonfinite": nonfinite, "got": got, "want": want}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile of sorted `xs`."""
+    return xs[min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))]
+
+
+def summarize(reqs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Outcome counts and the latency percentiles (s) of the answered requests."""
+    counts: dict[str, int] = {}
+    for r in reqs:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    out: dict[str, Any] = {"requests": len(reqs), "outcomes": counts}
+    lat = sorted(r["s"] for r in reqs if r["outcome"] != "error" and "s" in r)
+    if lat:
+        out["latency_s"] = {"p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
+                            "max": lat[-1], "mean": round(statistics.fmean(lat), 4)}  # fmt: skip
+    return out
+
+
+class Traffic:
+    """P->D traffic through a router (switchable: `route`), every answer judged against its colocated reference, by
+    `width` concurrent senders (1 = one request at a time; the load phases set more), each request tagged with the
+    phase it started in; /readyz of every watched pod polled, changes recorded."""
+
+    def __init__(self, model: str, workers: int = LOAD_CONCURRENCY) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+        self.route_name, self.url = "", ""
+        self.refs: list[tuple[list[int], dict[str, Any]]] = []
+        self.phase, self.width = "idle", 0
+        self.marks: list[tuple[float, str, int]] = []
+        self.watched: dict[str, Role] = {}
+        self.requests: list[dict[str, Any]] = []
+        self.in_flight: dict[str, int] = {}
+        self.readyz: dict[str, list[tuple[float, int, str]]] = {}
+        self.t0 = time.perf_counter()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(workers)]
+        self.threads.append(threading.Thread(target=self._poll, daemon=True))
+
+    def now(self) -> float:
+        return round(time.perf_counter() - self.t0, 2)
+
+    def route(self, name: str, url: str, refs: list[tuple[list[int], dict[str, Any]]]) -> None:
+        with self.lock:
+            self.route_name, self.url, self.refs = name, url, refs
+            self.marks.append((self.now(), f"route {name}", self.width))
+
+    def set_phase(self, phase: str, width: int = 1) -> None:
+        with self.lock:
+            self.phase, self.width = phase, width
+            self.marks.append((self.now(), phase, width))
+
+    def watch(self, role: Role) -> None:
+        with self.lock:
+            self.watched[role.name] = role
+            self.readyz.setdefault(role.name, [])
+
+    def drain(self, route: str, timeout: float = 10.0) -> float:
+        """Wait until no request is in flight on `route` (after a switch away from it); returns the seconds waited."""
+        t = time.perf_counter()
+        while time.perf_counter() - t < timeout:
+            with self.lock:
+                if not self.in_flight.get(route):
+                    break
+            time.sleep(0.02)
+        return round(time.perf_counter() - t, 2)
+
+    def snapshot(self, phase: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for r in self.requests if phase is None or r["phase"] == phase]
+
+    def _send(self, i: int) -> None:
+        k = i
+        while not self.stop.is_set():
+            with self.lock:
+                active = i < self.width and bool(self.url)
+                url, refs, phase, route = self.url, self.refs, self.phase, self.route_name
+                if active:
+                    self.in_flight[route] = self.in_flight.get(route, 0) + 1
+            if not active:
+                self.stop.wait(0.05)
+                continue
+            ids, ref = refs[k % len(refs)]
+            k += 1
+            rec: dict[str, Any] = {"t": self.now(), "wall": round(time.time(), 3), "phase": phase, "router": route}
+            try:
+                dt, resp = post(url, completion(self.model, ids, TRAFFIC_TOKENS), timeout=30)
+                rec.update({"s": round(dt, 4), **judge(resp, ref, len(ids))})
+            except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+                rec.update({"outcome": "error", "error": str(e)[:200]})
+                self.stop.wait(0.5)
+            with self.lock:
+                self.requests.append(rec)
+                self.in_flight[route] -= 1
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.5):
+            with self.lock:
+                watched = list(self.watched.items())
+            for n, role in watched:
+                status, body = get(readyz_url(role), 1.5)
+                hist = self.readyz[n]
+                if not hist or hist[-1][1] != status or hist[-1][2] != body.strip()[:200]:
+                    hist.append((self.now(), status, body.strip()[:200]))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> dict[str, Any]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(35)
+        phases: dict[str, list[dict[str, Any]]] = {}
+        for r in self.requests:
+            phases.setdefault(r["phase"], []).append(r)
+        # identical answers are counted, not kept one by one (the file stays small); the rest are kept whole
+        kept = [r if r["outcome"] != "identical" else {k: r[k] for k in ("t", "phase", "router", "outcome", "s")}
+                for r in self.requests]  # fmt: skip
+        return {"by_phase": {p: summarize(rs) for p, rs in phases.items()}, "marks": self.marks,
+                "readyz": self.readyz, "requests": kept}  # fmt: skip
+
+
+def metric_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Prometheus text -> `name{labels}` -> value for the series whose name starts with one of `names`."""
+    out: dict[str, float] = {}
+    for ln in text.splitlines():
+        if ln.startswith(names):
+            key, _, value = ln.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def prefill_state(p: Role) -> dict[str, float]:
+    """Prefill's KV usage and request gauges (vLLM /metrics): blocks held for a decode that never reads them stay
+    counted until VLLM_NIXL_ABORT_REQUEST_TIMEOUT."""
+    status, body = get(vllm_url(p, "/metrics"), 3.0)
+    return metric_sums(body, PREFILL_GAUGES) if status == 200 else {"error": float(status)}
+
+
+def canary_counts(d: Role) -> dict[str, float]:
+    """decode's runtime metrics: hpd_runtime_canary_checks_total by result, the last success per peer."""
+    status, body = get(f"http://{d.host}:{PORTS[d.name]['runtime']}{contract.PATH_METRICS}", 3.0)
+    names = ("hpd_runtime_canary_checks_total", "hpd_runtime_canary_last_success_timestamp_seconds")
+    return metric_sums(body, names) if status == 200 else {}
+
+
+def log_scan(role: Role, since: int) -> dict[str, Any]:
+    """vLLM's own error and NIXL/UCX lines in a role's log since `since` (the runtime's JSON lines and the access
+    log left out), and the count of prefill's expired-KV-block warnings."""
+    lines = [ln for ln in log_text(role, since).splitlines()
+             if '"logger": "hpd_runtime"' not in ln and "POST /v1/completions" not in ln]  # fmt: skip
+    errors = [ln[:300] for ln in lines if ERROR_PATTERN.search(ln)]
+    nixl = [ln[:300] for ln in lines if NIXL_PATTERN.search(ln) and KV_XFER_LINE not in ln]
+    return {"errors": len(errors), "nixl_lines": len(nixl), "expired_kv_block_warnings": sum(EXPIRED_KV in ln for ln in lines),
+            "error_lines": errors[:30], "nixl_line_samples": nixl[:30]}  # fmt: skip
+
+
+def load_phase(traffic: Traffic, name: str, decode: Role, seconds: float, then: str) -> dict[str, Any]:
+    """User P->D traffic at LOAD_CONCURRENCY for `seconds` on `decode` (through the current route): latency
+    percentiles, and the same split by whether a request overlapped one of the decode's canary round trips (its
+    `canary` log events: end time and duration); the canary's counter before and after."""
+    before = canary_counts(decode)
+    w0 = time.time()
+    traffic.set_phase(name, LOAD_CONCURRENCY)
+    time.sleep(seconds)
+    traffic.set_phase(then)
+    w1 = time.time()
+    time.sleep(1.0)  # the last requests of the phase finish
+    after = canary_counts(decode)
+    events = [{k: e.get(k) for k in ("ts", "ok", "seconds", "summary")} for e in runtime_events(decode, "canary")]
+    windows = [(e["ts"] - e["seconds"], e["ts"]) for e in events if e["ts"] and e["seconds"] is not None]
+    reqs = [r for r in traffic.snapshot(name) if "s" in r]
+    hit = [any(r["wall"] < b and r["wall"] + r["s"] > a for a, b in windows) for r in reqs]
+    return {"decode": decode.name, "canary_seconds": decode.env.get(contract.ENV_CANARY_SECONDS),
+            "seconds": seconds, "concurrency": LOAD_CONCURRENCY, "all": summarize(traffic.snapshot(name)),
+            "overlapping_a_canary": summarize([r for r, h in zip(reqs, hit, strict=True) if h]),
+            "not_overlapping": summarize([r for r, h in zip(reqs, hit, strict=True) if not h]),
+            "canary_checks_before": before, "canary_checks_after": after,
+            "canary_events_in_phase": [e for e in events if e["ts"] and w0 <= e["ts"] <= w1 + 1],
+            "canary_events_total": len(events)}  # fmt: skip
+
+
+def role_times(role: Role) -> dict[str, float]:
+    return {"to_health_s": round(role.t_health or -1, 1), "to_readyz_s": round(role.t_ready or -1, 1)}
+
+
+def pair_checks(role: Role) -> list[dict[str, Any]]:
+    return [
+        {k: e.get(k) for k in ("ts", "ok", "summary", "prefill", "seconds")} for e in runtime_events(role, "pair_check")
+    ]
+
+
+def restart_decode(b: Bench, traffic: Traffic, d: Role) -> dict[str, Any]:
+    """restart-decode: SIGTERM to decode's launcher (SIGKILL after the pod's grace, as the kubelet), started again
+    at once with the same argv, env and cache; P->D through the router before (caller), while down and after."""
+    p = b.roles["prefill"]
+    res: dict[str, Any] = {"t_sigterm": traffic.now(), "prefill_before": prefill_state(p), "grace_s": b.grace()}
+    traffic.set_phase("restart-down")
+    t = time.perf_counter()
+    res["exit_code"] = stop_role(d, b.grace())
+    res["exit_s"], res["t_gone"] = round(time.perf_counter() - t, 1), traffic.now()
+    res["prefill_while_down"] = prefill_state(p)
+    start_role(d, b.out, f"{b.cr}-decode-restarted", b.base_env)
+    wait_ready({d.name: d}, b.until(BOOT_TIMEOUT_S))
+    res["t_ready"], res["times"] = traffic.now(), role_times(d)
+    traffic.set_phase("restart-after")
+    time.sleep(b.after_s)
+    res["prefill_after"] = prefill_state(p)
+    res["pair_checks"] = pair_checks(d)
+    res["decode_log"] = log_scan(d, 0)
+    return res
+
+
+def replace_decode(b: Bench, traffic: Traffic, old: Role, new: Role, router: Router) -> dict[str, Any]:
+    """replace-decode: the new pod (started by the caller) Ready, a new router pointed at it (the bench's routers
+    have static URLs), the traffic moved to it, then the old decode pod terminated (it departs); P->D after."""
+    p = b.roles["prefill"]
+    side = f"{new.env.get(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST)}:{new.env.get(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT)}"
+    res: dict[str, Any] = {"new_pod_ip": new.host, "new_side_channel": side, "new_ports": PORTS[new.name]}
+    wait_ready({new.name: new}, b.until(BOOT_TIMEOUT_S))
+    res["t_new_ready"], res["new_times"] = traffic.now(), role_times(new)
+    refs = references(b.served, new)
+    res["new_colocated_equals_old"] = [answer(r)[0] for _, r in refs] == [answer(r)[0] for _, r in traffic.refs]
+    router2 = Router(b.out, f"{b.cr}-new-decode", b.base_env, decode=new, ports=("http2", "metrics2"))
+    b.routers.append(router2)
+    traffic.route("router-2", router2.url, refs)
+    traffic.set_phase("replace-switched")
+    res["t_switched"] = traffic.now()
+    res["drained_old_route_s"] = traffic.drain("router-1")  # the requests already sent to the old pod finish first
+    t = time.perf_counter()
+    res["old_exit_code"] = stop_role(old, b.grace())
+    res["old_exit_s"], res["t_old_gone"] = round(time.perf_counter() - t, 1), traffic.now()
+    router.stop()
+    traffic.set_phase("replace-after")
+    time.sleep(b.after_s)
+    res["prefill_after"] = prefill_state(p)
+    res["pair_checks"] = pair_checks(new)
+    res["new_decode_log"] = log_scan(new, 0)
+    return res
+
+
+def restart_with_canary_off(b: Bench, traffic: Traffic, d: Role) -> None:
+    """The canary step without a replacement pod: the same decode restarted with HPD_CANARY_SECONDS=0."""
+    d.env[contract.ENV_CANARY_SECONDS] = "0"
+    traffic.set_phase("canary-restart")
+    stop_role(d, b.grace())
+    start_role(d, b.out, f"{b.cr}-decode-canary-off", b.base_env)
+    wait_ready({d.name: d}, b.until(BOOT_TIMEOUT_S))
+
+
+def decode_lifecycle(b: Bench, steps: list[str], router: Router) -> dict[str, Any]:
+    """restart-decode, replace-decode and canary on one running pair (see the module doc for the order)."""
+    p, a = b.roles["prefill"], b.roles["decode"]
+    assert p.log is not None
+    p_offset = p.log.stat().st_size
+    traffic = Traffic(b.served)
+    traffic.watch(p)
+    traffic.watch(a)
+    traffic.route("router-1", router.url, references(b.served, a))
+    traffic.start()
+    res: dict[str, Any] = {"prefill_at_start": prefill_state(p)}
+    try:
+        if "canary" in steps:
+            res["canary_on"] = load_phase(traffic, "canary-on", a, b.load_s, then="before")
+        new = None
+        if "replace-decode" in steps:
+            new = b.new_decode("0" if "canary" in steps else None)
+            b.roles[new.name] = new
+            res["new_decode_argv"], res["new_decode_env"] = new.argv, new.env
+            start_role(new, b.out, b.cr, b.base_env)
+            traffic.watch(new)
+        traffic.set_phase("restart-before" if "restart-decode" in steps else "before")
+        if "restart-decode" in steps:
+            t = time.perf_counter()
+            if new is not None:  # vLLM's memory profiler fails if another process frees GPU memory meanwhile
+                wait_kv_allocated(new, b.until(BOOT_TIMEOUT_S))
+            time.sleep(max(0.0, BEFORE_S - (time.perf_counter() - t)))
+            res["restart_decode"] = restart_decode(b, traffic, a)
+        if new is not None:
+            res["replace_decode"] = replace_decode(b, traffic, a, new, router)
+        elif "canary" in steps:
+            restart_with_canary_off(b, traffic, a)
+        if "canary" in steps:
+            off = new if new is not None else a
+            res["canary_off"] = load_phase(traffic, "canary-off", off, b.load_s, then="end")
+    finally:
+        res["traffic"] = traffic.finish()
+        res["prefill_log"] = log_scan(p, p_offset)
+        res["prefill_at_end"] = prefill_state(p)
+        res["summary"] = decode_summary(res)
+    return res
+
+
+def decode_summary(res: dict[str, Any]) -> dict[str, Any]:
+    """The few figures of decode_lifecycle's result a reader needs first (printed by main and gpu-burst.sh)."""
+    out: dict[str, Any] = {"by_phase": {p: {"outcomes": s["outcomes"], "p50_s": (s.get("latency_s") or {}).get("p50")}
+                                        for p, s in res["traffic"]["by_phase"].items()}}  # fmt: skip
+    out["prefill_log"] = {k: res["prefill_log"][k] for k in ("errors", "nixl_lines", "expired_kv_block_warnings")}
+    for key in ("restart_decode", "replace_decode"):
+        r = res.get(key) or {}
+        out[key] = {k: r.get(k) for k in ("exit_code", "exit_s", "t_sigterm", "t_gone", "t_ready", "times",
+                                          "t_new_ready", "new_times", "old_exit_code", "old_exit_s",
+                                          "new_colocated_equals_old") if k in r}  # fmt: skip
+        out[key]["pair_checks_ok"] = [c.get("ok") for c in r.get("pair_checks", [])]
+    for key in ("canary_on", "canary_off"):
+        c = res.get(key)
+        if c:
+            out[key] = {"canary_seconds": c["canary_seconds"], "latency_s": c["all"].get("latency_s"),
+                        "outcomes": c["all"]["outcomes"], "canaries_in_phase": len(c["canary_events_in_phase"]),
+                        "overlapping_p50": (c["overlapping_a_canary"].get("latency_s") or {}).get("p50"),
+                        "not_overlapping_p50": (c["not_overlapping"].get("latency_s") or {}).get("p50"),
+                        "checks_after": c["canary_checks_after"]}  # fmt: skip
+    return out
+
+
+def stop_roles(roles: dict[str, Role], grace: float) -> dict[str, int | None]:
+    """Every role at once (stop_role each, in threads): the teardown waits for the slowest, not their sum."""
+    codes: dict[str, int | None] = {}
+    threads = [
+        threading.Thread(target=lambda n=n, r=r: codes.__setitem__(n, stop_role(r, grace))) for n, r in roles.items()
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {n: codes.get(n) for n in roles}
+
+
 def badpair(roles: dict[str, Role], model: str) -> dict[str, Any]:
     d = roles["decode"]
     url = f"http://127.0.0.1:{PORTS['decode']['runtime']}{contract.PATH_READYZ}"
@@ -828,18 +1311,26 @@ def run_step(
         make_checkpoint.write_checkpoint(model_dir, HERE / config / "config.json")
     else:
         model_dir = model_dir_for(manifests, cr, Path(args.model_dir) if args.model_dir else None, args.work)
-    roles = role_commands(manifests, cr, model_dir, args.work / f"cache-{'eager' if 'eager' in cr else 'compile'}")
+    cache_root = args.work / f"cache-{'eager' if 'eager' in cr else 'compile'}"
+    roles = role_commands(manifests, cr, model_dir, cache_root)
     res: dict[str, Any] = {}
     if variant:
         res["experiment"] = apply_variant(roles, variant)
+    if "canary" in steps:  # the "on" phase's decode; the replacement pod gets 0 (bench/gpu/README.md, issue #31)
+        res["canary_step"] = f"decode: {set_env(roles['decode'], contract.ENV_CANARY_SECONDS, CANARY_ON_SECONDS)}"
     for r in roles.values():
         install_gemm_warmup_plugin(r, args.work)
     served = roles["decode"].argv[roles["decode"].argv.index("--served-model-name") + 1]
+    decode_steps = [s for s in steps if s in DECODE_STEPS]
+    base_env = {**os.environ, **NO_NVLINK_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    bench = Bench(manifests, cr, variant, model_dir, cache_root, args.work, out, served, base_env, roles,
+                  deadline=getattr(args, "t_end", math.inf),
+                  load_s=getattr(args, "load_phase_s", None) or LOAD_PHASE_S,
+                  after_s=getattr(args, "after_s", None) or AFTER_S)  # fmt: skip
     res.update({"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}})
     while key in report["runs"]:  # the same CR again in one plan (e.g. cold, then warm on the same cache)
         key += "+again"
     report["runs"][key] = res
-    base_env = {**os.environ, **NO_NVLINK_MULTICAST, "PYTHONUNBUFFERED": "1"}
     router: Router | None = None
     t_begin = time.monotonic()
     try:
@@ -873,40 +1364,61 @@ def run_step(
                                                     for n, r in roles.items()}  # fmt: skip
             res["gemm_warmup_log"] = {n: [ln.strip() for ln in log_text(r).splitlines() if GEMM_WARMUP_LINE in ln][-4:]
                                       for n, r in roles.items()}  # fmt: skip
-            # the first P->D request through a *fresh* router, once vLLM has served the router: tells the router's own
-            # first-request cost (again slow) from a one-time cost in vLLM (now fast); measured 0.5-0.7 s on 2026-11-29
-            router.stop()
-            router = Router(out, cr + "-2", base_env)
-            res["first_request_fresh_router"] = first_request(served, only_router=True)
+            if decode_steps:  # no fresh-router measurement: the decode steps' traffic starts on this router
+                res["decode_steps"] = decode_lifecycle(bench, decode_steps, router)
+            else:
+                # the first P->D request through a *fresh* router, once vLLM has served the router: tells the router's
+                # own first-request cost (again slow) from a one-time cost in vLLM (now fast); 0.5-0.7 s on 2026-11-29
+                router.stop()
+                router = Router(out, cr + "-2", base_env)
+                res["first_request_fresh_router"] = first_request(served, only_router=True)
             if "restart" in steps:
                 res["restart"] = restart_prefill(roles, served, out, cr, base_env)
         res["block_sizes"] = block_sizes(roles)
     except Exception as exc:  # a failed step is reported; the next one still runs
         res["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        try:  # before the roles stop: decode's /metrics is still up
-            res["kv_transfer"] = kv_transfer_figures(roles["decode"])
+        try:  # before the roles stop: decode's /metrics is still up (the replacement's, after replace-decode)
+            res["kv_transfer"] = kv_transfer_figures(roles.get("decode-new") or roles["decode"])
         except Exception as exc:
             res["kv_transfer"] = {"error": f"{type(exc).__name__}: {exc}"}
-        if router is not None:
-            router.stop()
-        res["exit_codes_after_sigterm"] = {n: stop_role(r) for n, r in roles.items()}
+        for rt in [router, *bench.routers]:
+            if rt is not None:
+                rt.stop()
+        res["exit_codes_after_sigterm"] = stop_roles(roles, TEARDOWN_GRACE_S if decode_steps else 60.0)
         res["seconds"] = round(time.monotonic() - t_begin, 1)
+
+
+def brief_run(r: dict[str, Any]) -> dict[str, Any]:
+    """A run's result without its command lines, and of the decode steps only their summary (the requests are many)."""
+    out = {k: v for k, v in r.items() if k not in ("argv", "env")}
+    if "decode_steps" in out:
+        out["decode_steps"] = out["decode_steps"].get("summary")
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rendered", type=Path, required=True, help="`python -m hpd_operator render -o json` output")
-    ap.add_argument("--plan", required=True, help="CR:step+step,...  steps: cold shapes restart badpair")
+    ap.add_argument("--plan", required=True,
+                    help="CR:step+step,...  steps: cold shapes restart badpair restart-decode replace-decode canary")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hpd-bench"))
     ap.add_argument("--model-dir", default=None, help="default: bench/gpu/<the CR's served model name>")
     ap.add_argument("--fresh-cache", action="store_true", help="empty the cache volumes first (cold)")
     ap.add_argument("--gpus", default="0,1", help="this lane's GPUs, in order (a TP=t role takes the first t)")
     ap.add_argument("--port-offset", type=int, default=0, help="shift every port (a second lane on one host)")
+    ap.add_argument(
+        "--load-phase-s", type=float, default=None, help=f"each canary load phase (default {LOAD_PHASE_S} s)"
+    )
+    ap.add_argument("--after-s", type=float, default=None,
+                    help=f"checked traffic after a decode restart or swap (default {AFTER_S} s)")  # fmt: skip
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="the whole plan's time: the decode steps' waits end by then (leave the teardown outside)")  # fmt: skip
     ap.add_argument("--vllm-site", action="append", default=[], metavar="VERSION=DIR",
                     help="the vLLM build for CRs whose image tag is VERSION (repeatable)")  # fmt: skip
     args = ap.parse_args()
+    args.t_end = time.perf_counter() + args.deadline_s if args.deadline_s else math.inf
     GPUS[:] = [int(g) for g in args.gpus.split(",")]
     shift_ports(args.port_offset)
     VLLM_SITES.update(dict(x.split("=", 1) for x in args.vllm_site))
@@ -926,7 +1438,7 @@ def main() -> int:
             result.write_text(json.dumps(report, indent=1))
     finally:  # also on SIGINT from an outer time limit: what ran so far is kept
         result.write_text(json.dumps(report, indent=1))
-    brief = {cr: {k: v for k, v in r.items() if k not in ("argv", "env")} for cr, r in report["runs"].items()}
+    brief = {cr: brief_run(r) for cr, r in report["runs"].items()}
     print(json.dumps(brief)[:8000])
     return 0
 

@@ -25,13 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     p_restart.add_argument("process", choices=cluster.PROCESS_ORDER)
     sub.add_parser("env", help="print `export KUBECONFIG=... PATH=...` for eval")
     sub.add_parser("status", help="print PIDs, ports and health as JSON; exit 1 if not healthy")
-    sub.add_parser("build", help="only build/fetch the binaries into the cache")
+    p_build = sub.add_parser("build", help="only build/fetch the binaries into the cache")
+    p_build.add_argument(
+        "--test-tools", action="store_true", help="also the tests' tools (cyclonus, the NetworkPolicy evaluator)"
+    )
     args = parser.parse_args(argv)
 
     try:
         if args.command == "build":
             bins = build.ensure_binaries()
-            print(json.dumps({k: str(v) for k, v in bins.all().items()}, indent=2))
+            paths = {k: str(v) for k, v in bins.all().items()}
+            if args.test_tools:
+                paths["cyclonus"] = str(build.ensure_cyclonus())
+            print(json.dumps(paths, indent=2))
         elif args.command == "up":
             t0 = time.monotonic()
             pool = cluster.NodePool(count=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product)

@@ -6,6 +6,7 @@ Everything lands in a cache outside the repository, keyed by version, so a secon
     <cache>/bin/etcd-v3.6.16/etcd
     <cache>/bin/kwok-v0.8.0/kwok
     <cache>/bin/kubectl-layer-<pin>/{kubectl,helm}
+    <cache>/bin/cyclonus-v0.5.6/cyclonus      (a test tool, not part of the control plane: `ensure_cyclonus`)
 
 `k8s.io/kubernetes` and `go.etcd.io/etcd/server/v3` carry `replace` directives, so `go install pkg@version`
 refuses them; each is built inside a throw-away module that requires it and replaces every staging module
@@ -292,6 +293,42 @@ def build_prometheus_adapter(root: Path, logs: Path) -> None:
             cwd=work, log=log, env=env,
         )  # fmt: skip
         _install_atomically(out, _paths(root).prometheus_adapter.parent)
+
+
+def cyclonus_path(root: Path | None = None) -> Path:
+    return (root or cache_dir()) / "bin" / f"cyclonus-v{versions.CYCLONUS}" / "cyclonus"
+
+
+def build_cyclonus(root: Path, logs: Path) -> None:
+    ver = versions.CYCLONUS
+    log = logs / f"cyclonus-v{ver}.log"
+    log.unlink(missing_ok=True)
+    env = _go_env(root)
+    with tempfile.TemporaryDirectory(prefix="hpd-cyclonus-build-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        env["GOBIN"] = str(out)
+        env["GOFLAGS"] = "-buildvcs=false"
+        _run(
+            "cyclonus: go install",
+            ["go", "install", "-trimpath", "-ldflags", "-s -w", f"github.com/mattfenwick/cyclonus/cmd/cyclonus@v{ver}"],
+            cwd=Path(tmp),
+            log=log,
+            env=env,
+        )
+        _install_atomically(out, cyclonus_path(root).parent)
+
+
+def ensure_cyclonus(root: Path | None = None) -> Path:
+    """The NetworkPolicy evaluator the tests use (versions.CYCLONUS), built once into the cache."""
+    root = root or cache_dir()
+    path = cyclonus_path(root)
+    if not os.access(path, os.X_OK):
+        t0 = time.monotonic()
+        _say(f"building cyclonus v{versions.CYCLONUS} into {path.parent} (once; log in {root / 'logs'}) ...")
+        build_cyclonus(root, root / "logs")
+        _say(f"  done in {time.monotonic() - t0:.0f} s")
+    return path
 
 
 def fetch_kubectl_helm(root: Path, logs: Path) -> None:

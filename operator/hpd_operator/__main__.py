@@ -31,6 +31,12 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="re-queue a CR whose child name is held by an object the operator does not manage this often",
     )
     p.add_argument(
+        "--not-scheduled-seconds",
+        type=float,
+        default=s.NOT_SCHEDULED_SECONDS_DEFAULT,
+        help="a pod no scheduler has looked at for this long makes its role Degraded (NotScheduled)",
+    )
+    p.add_argument(
         "--workers", type=_positive, default=s.WORKERS_DEFAULT, help="reconcile worker threads (CRs converged at once)"
     )
     p.add_argument(
@@ -81,6 +87,7 @@ def run(ns: argparse.Namespace) -> int:
             resync_seconds=ns.resync_seconds,
             workers=ns.workers,
             recheck_seconds=ns.recheck_seconds,
+            not_scheduled_seconds=ns.not_scheduled_seconds,
             vllm_image=ns.vllm_image,
             router_image=ns.router_image,
             pod_monitor_labels=tuple(ns.pod_monitor_label),

@@ -61,8 +61,14 @@ def _s(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
 
-_LABELS = (contract.LABEL_MANAGED_BY, contract.LABEL_INSTANCE, contract.LABEL_COMPONENT)
-"""The only labels the reconcile reads (grouping, `managed`, a pod's role)."""
+_LABELS = (
+    contract.LABEL_MANAGED_BY,
+    contract.LABEL_INSTANCE,
+    contract.LABEL_COMPONENT,
+    contract.LABEL_GENERATION,
+    contract.LABEL_GENERATION_NUMBER,
+)
+"""The only labels the reconcile reads (grouping, `managed`, a pod's role, the generation it belongs to)."""
 OTHER_FIELDS: dict[str, Any] = {"f:(more than annotations)": {}}
 """Stands for another manager's field set that sets more than annotations: all drift.touched_by_others needs."""
 

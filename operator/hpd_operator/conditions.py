@@ -20,6 +20,7 @@ class ConditionType(StrEnum):
     HYBRID_PROFILE_APPLIED = "HybridProfileApplied"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
+    DATA_PATH_VERIFIED = "DataPathVerified"
 
 
 COMPONENT_CONDITION: dict[str, ConditionType] = {
@@ -58,6 +59,12 @@ class Reason(StrEnum):
     WARMUP_DISABLED = "WarmupDisabled"
     ALL_ENGINES_WARM = "AllEnginesWarm"
     WARMUP_PENDING = "WarmupPending"
+    # DataPathVerified
+    DATA_PATH_VERIFIED = "Verified"
+    """Every desired decode replica is Ready: each passed its pair check with every Ready prefill (and, with the
+    canary on, its last canary: a failing one turns that decode not Ready)."""
+    DATA_PATH_UNVERIFIED = "NotVerified"
+    PAIR_CHECK_DISABLED = "PairCheckDisabled"
     # HybridProfileApplied
     HYBRID = "Hybrid"
     ATTENTION_ONLY = "AttentionOnly"
@@ -66,6 +73,14 @@ class Reason(StrEnum):
     ROLLING_OUT = "RollingOut"
     STABLE = "Stable"
     AS_EXPECTED = "AsExpected"
+    # Progressing during a rollout between generations (docs/rollouts.md)
+    GENERATION_STARTING = "GenerationStarting"
+    """The spec's generation is coming up beside the serving one (which keeps all traffic until it is Ready)."""
+    GENERATION_BLOCKED = "GenerationBlocked"
+    """The spec's generation cannot come up (unschedulable, e.g. no spare GPUs; progress deadline exceeded); the
+    serving generation keeps serving (Progressing=False)."""
+    TRAFFIC_SWITCHING = "TrafficSwitching"
+    """The router moves to the spec's generation; the old generation drains."""
     # Ready
     ALL_COMPONENTS_READY = "AllComponentsReady"
     COMPONENTS_NOT_READY = "ComponentsNotReady"
@@ -88,6 +103,13 @@ class Reason(StrEnum):
     CREATED = "Created"
     UPDATED = "Updated"
     PRUNED = "Pruned"
+    # rollout transitions (Events only, one per transition)
+    GENERATION_STARTED = "GenerationStarted"
+    TRAFFIC_SWITCHED = "TrafficSwitched"
+    GENERATION_REMOVED = "GenerationRemoved"
+    """An old generation drained (no router pod selects it any more) and was removed."""
+    GENERATION_CANCELLED = "GenerationCancelled"
+    """A generation that never served was removed: the spec went back to the serving one, or moved on."""
 
 
 FAILURE_REASONS: frozenset[Reason] = frozenset(

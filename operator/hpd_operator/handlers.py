@@ -19,7 +19,11 @@ watch covers); cache.py, drift.py, workqueue.py and status.py do no I/O.
   (ApplyFailed names the child, the code and the apiserver's message) and is retried all the same, a failure to
   reach the apiserver or to write the status is retried without a status. Nothing waits for the safety resync. A
   retry writes no status and posts no Event unless the failure's message changed.
-- `converge`: parse -> build -> claim -> apply -> prune, then observe + write_report. Only what differs is written:
+- `converge`: parse -> build -> claim -> apply -> prune, then observe + write_report. `build` plans the rollout
+  between generations of prefill + decode first (generations.py, docs/rollouts.md): the engines of the generation
+  the spec asks for are built, the router routes to the one the plan says (the new one only once it is Ready), and
+  the children of the generations the plan keeps (the serving one, one still draining) are neither applied nor
+  pruned. Only what differs is written:
   a child the cache does not hold is created by one apply that only creates (apply.create: no GET first; a name
   held by an object the operator does not watch answers 409, then one GET says who holds it); a child is applied
   when its desired-hash annotation differs, or it drifted (drift.py: another manager's newer field set, or a
@@ -60,17 +64,25 @@ import urllib3
 from kubernetes import client, config
 
 from hpd_operator import apply as k8s
-from hpd_operator import blame, drift, metrics, podevents, report, settings
+from hpd_operator import blame, drift, generations, metrics, podevents, report, settings
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import instance_label
 from hpd_operator.api.parse import parse_cr
-from hpd_operator.builders import Manifest, build_all
+from hpd_operator.builders import Manifest, build_all, generation_hash
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
-from hpd_operator.scaling import Bounds, autoscaled_roles, autoscaler_status, compute_bounds
-from hpd_operator.status import compute_status, next_pod_check, transitions
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
+from hpd_operator.scaling import Bounds, autoscaled_roles, autoscaler_status, compute_bounds, start_replicas
+from hpd_operator.status import (
+    compute_status,
+    generation_answering,
+    generation_desired,
+    generation_ready,
+    next_pod_check,
+    transitions,
+)
 from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
@@ -308,6 +320,9 @@ class Run:
     bounds: dict[str, Bounds] = field(default_factory=dict)
     """Each autoscaling role's HPA min/max (scaling.compute_bounds, from what runs)."""
     hpas: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """Each role's HPA of the generation the router routes to, as observed before this run's writes."""
+    start: dict[str, int] = field(default_factory=dict)
+    """The count each autoscaling role's Deployment starts at (scaling.start_replicas: the serving generation's)."""
     ours: dict[Key, Manifest] = field(default_factory=dict)
     conflicts: dict[Key, str] = field(default_factory=dict)
     absent: set[Key] = field(default_factory=set)
@@ -317,6 +332,10 @@ class Run:
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     nodes: frozenset[str] | None = None
     role_details: dict[str, str] = field(default_factory=dict)
+    plan: generations.Plan | None = None
+    """Which generation the spec asks for, which one the router routes to, which ones stay (set by `build`)."""
+    rollout: generations.RolloutView | None = None
+    """The generations as observed after the writes (set by `observe`): what the status reports."""
     failure: Failure | None = None
     retry: str | None = None
     """Why this CR must be reconciled again with backoff although no failure is reported (a step that will succeed
@@ -358,18 +377,38 @@ def parse(run: Run) -> None:
     run.notes.extend(run.profile.warnings)
 
 
-def build(run: Run) -> None:
-    """The whole desired set, owned by the CR, each stamped with its hash; PodMonitors only where served."""
+def plan(run: Run) -> generations.Plan:
+    """The rollout plan from what the cache holds: the spec's generation (its engine templates' hash), whether each
+    running generation is Ready, the highest number the status recorded (generations.plan_rollout)."""
     assert run.cr is not None and run.profile is not None
-    children = run.cache.children(run.namespace, run.instance)
-    deployments = report.observe_deployments(children, run.name, run.uid)
-    run.hpas = dict(report.observe_autoscalers(children, run.name, run.uid))
-    current: dict[str, Any] = {
-        r: ((deployments.get(r) or {}).get("spec") or {}).get("replicas") for r in contract.ROLES
-    }
-    run.bounds = compute_bounds(run.cr.spec, current, run.hpas)
+    want = generation_hash(run.cr, run.profile)
+    live = generations.observe(
+        run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
+    )
+    nodes, now, spec = run.cache.nodes, report.now(), run.cr.spec
+    ready, answering = {}, {}
+    for h, g in live.generations.items():
+        desired = generation_desired(spec, g, want)
+        ready[h], answering[h] = generation_ready(g, desired, nodes, now), generation_answering(g, desired, nodes, now)
+    latest = int(((run.body.get("status") or {}).get("rollout") or {}).get("latestGeneration") or 0)
+    served = served_generations(run.body)
+    return generations.plan_rollout(want, live, ready, latest, answering=answering, served=served)
+
+
+def served_generations(body: Mapping[str, Any]) -> list[str]:
+    """The generations the CR's status recorded as having served."""
+    stored = (body.get("status") or {}).get("rollout") or {}
+    return [str(g.get("hash")) for g in stored.get("generations") or [] if g.get("served")]
+
+
+def build(run: Run) -> None:
+    """The whole desired set, owned by the CR, each stamped with its hash; PodMonitors only where served. The
+    engines are the spec's generation's, the router routes to the one the plan says."""
+    assert run.cr is not None and run.profile is not None
     try:
-        desired = build_all(run.cr, run.profile, run.bounds)
+        run.plan = plan(run)
+        scale(run, run.plan)
+        desired = build_all(run.cr, run.profile, run.plan, run.bounds, run.start)
     except Exception as e:  # the schema let through something a builder cannot use: say where to look
         free = free_form_fields(run.cr)
         hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""
@@ -382,6 +421,20 @@ def build(run: Run) -> None:
     for obj in desired:
         kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
     run.desired = [drift.stamped(obj) for obj in desired]
+
+
+def scale(run: Run, plan: generations.Plan) -> None:
+    """The autoscaling roles' HPA bounds and start counts, from the generation the router routes to (its Deployments'
+    replicas and its HPAs as the cache holds them): scaling.compute_bounds, scaling.start_replicas."""
+    assert run.cr is not None
+    children = run.cache.children(run.namespace, run.instance)
+    deployments = report.observe_deployments(children, run.name, run.uid, plan.route.hash)
+    run.hpas = dict(report.observe_autoscalers(children, run.name, run.uid, plan.route.hash))
+    current: dict[str, Any] = {
+        r: ((deployments.get(r) or {}).get("spec") or {}).get("replicas") for r in contract.ROLES
+    }
+    run.bounds = compute_bounds(run.cr.spec, current, run.hpas)
+    run.start = start_replicas(run.cr.spec, current, run.bounds)
 
 
 class BuildError(Exception):
@@ -507,13 +560,11 @@ def autoscaled_role(run: Run, obj: Manifest) -> contract.Role | None:
 
 
 def with_initial_replicas(run: Run, obj: Manifest, role: contract.Role) -> Manifest:
-    """A new autoscaling role's Deployment starts at spec.<role>.replicas within its autoscaler's bounds (written
-    once, at creation; the HPA's first scale takes the field over, and the operator never writes it again)."""
+    """A new autoscaling role's Deployment of the serving generation starts at scaling.start_replicas (a first
+    generation: spec.<role>.replicas within its autoscaler's bounds; written once, at creation; the HPA's first scale
+    takes the field over, and the operator never writes it again)."""
     assert run.cr is not None
-    b = run.bounds.get(role)
-    n = run.cr.spec.role(role).replicas
-    if b is not None:
-        n = min(max(n, b.min_replicas), b.max_replicas)
+    n = run.start.get(role, run.cr.spec.role(role).replicas)
     return {**obj, "spec": {"replicas": n, **obj["spec"]}}
 
 
@@ -594,10 +645,13 @@ def _action(old: Manifest | None, new: Manifest) -> Reason | None:
 
 
 def prune(run: Run) -> None:
-    """Delete what this CR owns and no longer wants (only after a clean apply)."""
+    """Delete what this CR owns and no longer wants (only after a clean apply): a generation the plan no longer
+    keeps (drained, or cancelled before it served) goes with the rest; a kept one stays as it is."""
     if run.failure is not None:
         return
     for obj in k8s.stale(run.ours.values(), run.desired):
+        if run.plan is not None and generations.kept(obj, run.plan):
+            continue
         k8s.delete(run.api, obj)
         run.cache.drop_child(obj)
         metrics.OBJECTS_PRUNED.labels(kind=obj["kind"]).inc()
@@ -634,25 +688,31 @@ def run_steps(run: Run) -> None:
 
 
 def observe(run: Run) -> None:
-    """What runs now, from the cache (after this run's own writes went into it)."""
-    run.observed = report.observe_deployments(run.cache.children(run.namespace, run.instance), run.name, run.uid)
-    run.pods = report.observe_pods(run.cache.pods(run.namespace, run.instance))
+    """What runs now, from the cache (after this run's own writes went into it): the router, every generation of the
+    engines (the one the router routes to stands for the engines), their pods and why they are not Ready."""
+    children, pods = run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance)
+    live = generations.observe(children, pods, run.uid)
+    plan = run.plan or generations.hold_plan(live, served_generations(run.body))  # an invalid spec moves nothing
+    run.observed = report.observe_deployments(children, run.name, run.uid, plan.route.hash if plan else None)
+    run.pods = report.observe_pods(pods)
     run.nodes = run.cache.nodes
-    run.role_details = probe_details(run)
+    if plan is not None:
+        run.rollout = generations.RolloutView(live, plan, probe_details(run, live))
 
 
-def probe_details(run: Run) -> dict[str, str]:
-    """Why an engine role's pods are not Ready, from the kubelet's probe Events (the exec probe prints the runtime's
-    reason, e.g. "P->D output differs from local"), as the watch cache holds them."""
-    out: dict[str, str] = {}
-    for role in contract.ROLES:
-        pods = run.pods.get(role, [])
-        waiting = [str(p["metadata"]["name"]) for p in pods if not podevents.pod_ready(p)]
-        if not waiting:
-            continue
-        detail = podevents.probe_failure(pods, run.cache.events(run.namespace, waiting))
-        if detail:
-            out[role] = detail
+def probe_details(run: Run, live: generations.Live) -> dict[tuple[str, str], str]:
+    """Why the engine pods of each generation and role are not Ready, from the kubelet's probe Events (the exec probe
+    prints the runtime's reason, e.g. "P->D output differs from local"), as the watch cache holds them."""
+    out: dict[tuple[str, str], str] = {}
+    for gen in live.generations.values():
+        for role in contract.ROLES:
+            pods = gen.pods[role]
+            waiting = [str(p["metadata"]["name"]) for p in pods if not podevents.pod_ready(p)]
+            if not waiting:
+                continue
+            detail = podevents.probe_failure(pods, run.cache.events(run.namespace, waiting))
+            if detail:
+                out[(gen.hash, role)] = detail
     return out
 
 
@@ -663,6 +723,7 @@ def write_report(run: Run) -> dict[str, Any]:
     # What this process wrote last is at least as new as the cached body: compare with it, so no transition is
     # reported twice.
     previous = _REPORTED.get(run.uid) or stored.get("conditions") or []
+    previous_rollout = _REPORTED_ROLLOUT.get(run.uid) or stored.get("rollout")
     status = compute_status(
         autoscalers=autoscaler_report(run),
         name=run.name,
@@ -678,6 +739,8 @@ def write_report(run: Run) -> dict[str, Any]:
         previous=previous,
         now=report.now(),
         role_details=run.role_details,
+        not_scheduled_after=settings.current().not_scheduled_seconds,
+        rollout=run.rollout,
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
     try:
@@ -689,12 +752,16 @@ def write_report(run: Run) -> dict[str, Any]:
     if written is not None:
         run.cache.put_cr(written, run.instance)
     _REPORTED[run.uid] = status["conditions"]
+    if status.get("rollout") is not None:
+        _REPORTED_ROLLOUT[run.uid] = status["rollout"]
     for action, whats in run.actions.items():
         report.event(run.api, run.body, "Normal", action, f"{str(action).lower()} " + ", ".join(whats))
     if new_generation and run.profile is not None:  # once per spec change, not per reconcile
         for warning in run.profile.warnings:
             report.event(run.api, run.body, "Warning", Reason.RISKY_SPEC, warning)
     for type_, reason, message in transitions(previous, status["conditions"]):
+        report.event(run.api, run.body, type_, reason, message)
+    for type_, reason, message in generations.rollout_transitions(previous_rollout, status.get("rollout")):
         report.event(run.api, run.body, type_, reason, message)
     metrics.record_status(run.namespace, run.name, status, md.get("creationTimestamp"))
     return status
@@ -704,7 +771,8 @@ def autoscaler_report(run: Run) -> dict[str, dict[str, Any]]:
     """status.<role>.autoscaler of each autoscaling role (its HPA as the cache holds it after this run's writes)."""
     if run.cr is None or run.profile is None:
         return {}
-    hpas = report.observe_autoscalers(run.cache.children(run.namespace, run.instance), run.name, run.uid)
+    route = run.rollout.plan.route.hash if run.rollout is not None else None
+    hpas = report.observe_autoscalers(run.cache.children(run.namespace, run.instance), run.name, run.uid, route)
     out: dict[str, dict[str, Any]] = {}
     for role in autoscaled_roles(run.cr.spec):
         a = run.cr.spec.role(role).autoscaling
@@ -717,6 +785,8 @@ def autoscaler_report(run: Run) -> dict[str, dict[str, Any]]:
 
 _REPORTED: dict[str, list[dict[str, Any]]] = {}
 """CR uid -> the conditions this process last wrote."""
+_REPORTED_ROLLOUT: dict[str, dict[str, Any]] = {}
+"""CR uid -> the status.rollout this process last wrote (one Event per rollout transition)."""
 _STATUS_REFUSED: dict[str, str] = {}
 """CR uid -> why the apiserver refused its last status write (one Warning Event per distinct reason)."""
 
@@ -744,7 +814,8 @@ def converge(api: client.ApiClient, cache: Cache, body: Mapping[str, Any]) -> Ru
             observe(run)
         except client.ApiException as e:
             raise TransientError(f"observe: {k8s.api_message(e)}") from e
-        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now())
+        after = settings.current().not_scheduled_seconds
+        pod_check = next_pod_check((p for pods in run.pods.values() for p in pods), report.now(), after)
         if pod_check is not None:  # a pod no scheduler looked at turns NotScheduled then: no event announces it
             run.requeue_after = min(run.requeue_after or pod_check, pod_check)
         write_report(run)
@@ -765,6 +836,7 @@ def forget(key: CRKey, uid: str) -> None:
     """A CR is gone: drop its metrics and what this process remembers of it (children go by garbage collection)."""
     metrics.forget(*key)
     _REPORTED.pop(uid, None)
+    _REPORTED_ROLLOUT.pop(uid, None)
     _STATUS_REFUSED.pop(uid, None)
     _SEEN.pop(key, None)
     QUEUE.forget(key)
@@ -848,6 +920,21 @@ async def start_workers(**_: Any) -> None:
     for t in workers:
         t.start()
     _STATE["workers"], _STATE["resync_task"] = workers, asyncio.create_task(_resync_loop())
+
+
+@kopf.on.probe(id="workers")
+def workers_alive(**_: Any) -> int:
+    """What liveness (/healthz) means: this process can still converge CRs. kopf answers /healthz from its own event
+    loop; this probe adds the reconcile threads (a dead worker thread would leave CRs unconverged while the loop looks
+    healthy), and /healthz answers 500 when one died, so the kubelet restarts the operator. The apiserver's
+    reachability is NOT part of it: a restart cannot bring an apiserver back, and every operator of a cluster
+    restarting through a control-plane outage would only add load when it returns (the watches and the backoff
+    resume on their own: tests/cluster/test_reliability.py)."""
+    workers: list[threading.Thread] = _STATE.get("workers") or []
+    dead = [t.name for t in workers if not t.is_alive()]
+    if dead:
+        raise kopf.PermanentError(f"reconcile worker thread(s) exited: {', '.join(dead)}")
+    return len(workers)
 
 
 @kopf.on.cleanup(id="workers")

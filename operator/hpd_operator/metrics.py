@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import datetime
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -29,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hpd_operator.conditions import Phase, Reason
+from hpd_operator.status import parse_time
 from hpd_runtime import contract
 
 CONTROLLER = "hybridpddeployment"
@@ -239,21 +239,12 @@ def api_error(operation: str, code: object) -> None:
     API_ERRORS.labels(operation=operation, code=str(code)).inc()
 
 
-def _parse_time(value: object) -> datetime.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def time_to_ready(created: object, conditions: list[Mapping[str, Any]]) -> float | None:
     """Pure: seconds from creationTimestamp to the Ready=True condition's lastTransitionTime (None if not Ready)."""
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
     if ready is None or ready.get("status") != "True":
         return None
-    t0, t1 = _parse_time(created), _parse_time(ready.get("lastTransitionTime"))
+    t0, t1 = parse_time(created), parse_time(ready.get("lastTransitionTime"))
     if t0 is None or t1 is None:
         return None
     return max((t1 - t0).total_seconds(), 0.0)

@@ -16,108 +16,18 @@ entry serves both vLLM and the runtime. Keep the env order when building the con
 
 from __future__ import annotations
 
-import copy
 import json
-from typing import Any, Final
-
-from pydantic import BaseModel, ConfigDict
+from typing import Final
 
 from hpd_operator.api import constants as c
-from hpd_operator.api.models import InjectionStatus, ProfileStatus, VersionRuleStatus, WarmupSpec
+from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import role_name
+from hpd_operator.profile_model import EnvEntry, Injection, Profile, RoleProfile
 from hpd_operator.validation import Validated
 from hpd_runtime import contract
 
 KV_CONNECTOR: Final = "NixlConnector"
 KV_ROLES: Final[dict[contract.Role, str]] = {"prefill": "kv_producer", "decode": "kv_consumer"}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Profile types
-# ---------------------------------------------------------------------------------------------------------------
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class EnvEntry(_Frozen):
-    """One container env entry: a literal `value`, a downward-API `field_path` (`status.podIP`), or the user's own
-    core/v1 EnvVarSource (`value_from`: secretKeyRef, configMapKeyRef, resourceFieldRef, fieldRef) as written."""
-
-    name: str
-    value: str | None = None
-    field_path: str | None = None
-    value_from: dict[str, Any] | None = None
-
-    def to_k8s(self) -> dict[str, object]:
-        if self.value_from is not None:
-            return {"name": self.name, "valueFrom": copy.deepcopy(self.value_from)}
-        if self.field_path is not None:
-            return {"name": self.name, "valueFrom": {"fieldRef": {"fieldPath": self.field_path}}}
-        return {"name": self.name, "value": self.value or ""}
-
-
-class Injection(_Frozen):
-    """A setting the operator injected, with the reason shown in status.profile."""
-
-    setting: str
-    value: str
-    reason: str
-
-
-class RoleProfile(_Frozen):
-    role: contract.Role
-    tensor_parallel_size: int
-    replicas: int
-    env: tuple[EnvEntry, ...]
-    """In order (HPD_POD_IP precedes the entries that reference it), then the user's spec.env, then where the pod
-    belongs (HPD_INSTANCE, HPD_CACHE_DIR, decode's HPD_PREFILL_SERVICE): every HPD_* entry of the container."""
-    args: tuple[str, ...]
-    """`vllm serve` arguments, without the leading `vllm serve`."""
-    injections: tuple[Injection, ...]
-    devices: tuple[tuple[str, int], ...] = ()
-    """Extended resources the fabric needs per pod (limits = requests), e.g. (("rdma/ib", 1),)."""
-    capabilities: tuple[str, ...] = ()
-    """Linux capabilities the fabric adds to the vLLM container (everything else stays dropped)."""
-
-    def env_k8s(self) -> list[dict[str, object]]:
-        return [e.to_k8s() for e in self.env]
-
-
-class Profile(_Frozen):
-    vllm_version: str
-    row: str
-    hybrid: bool
-    hybrid_reason: str
-    model: str
-    """The `--model` string (identical on both roles: it is in the NIXL compatibility hash)."""
-    served_model_name: str
-    ssd_chunk_size: int | None
-    prefill: RoleProfile
-    decode: RoleProfile
-    warnings: tuple[str, ...] = ()
-    """Accepted but risky settings: shown in the Ready condition's message and posted once as a Warning Event."""
-    rules: tuple[VersionRuleStatus, ...] = ()
-    """The version-table rules that applied (hybrid-only rules only for hybrid models)."""
-
-    def role(self, role: contract.Role) -> RoleProfile:
-        return self.prefill if role == "prefill" else self.decode
-
-    def status(self) -> dict[str, object]:
-        """status.profile (camelCase), the injections of both roles with their reasons."""
-        inj = [
-            InjectionStatus(role=rp.role, setting=i.setting, value=i.value, reason=i.reason)
-            for rp in (self.prefill, self.decode)
-            for i in rp.injections
-        ]
-        ps = ProfileStatus(
-            vllm_version=self.vllm_version,
-            version_row=self.row,
-            hybrid=self.hybrid,
-            injections=inj,
-            rules=list(self.rules),
-            warnings=list(self.warnings),
-        )
-        return ps.model_dump(by_alias=True, exclude_none=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

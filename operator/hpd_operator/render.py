@@ -22,7 +22,8 @@ from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.parse import parse_cr
 from hpd_operator.builders import build_all
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.validation import validate
 from hpd_runtime import contract
 

@@ -32,22 +32,28 @@ def now() -> str:
 # --- read ---------------------------------------------------------------------------------------------------------
 # The CRs, children, pods and nodes come from the watch cache (cache.py); these shape what it holds, or read what
 # no watch covers.
-def observe_deployments(children: Iterable[Mapping[str, Any]], name: str, uid: str) -> dict[str, dict[str, Any] | None]:
-    """Component -> its live Deployment, if this CR owns it (from the CR's cached children)."""
+def observe_deployments(
+    children: Iterable[Mapping[str, Any]], name: str, uid: str, generation: str | None = None
+) -> dict[str, dict[str, Any] | None]:
+    """Component -> its live Deployment, if this CR owns it (from the CR's cached children): the router, and the
+    engines of `generation` (hpd_operator.generations)."""
     by_name = {
         d["metadata"]["name"]: dict(d) for d in children if d.get("kind") == "Deployment" and k8s.owned_by(d, uid)
     }
-    return {comp: by_name.get(n) for comp, n in component_names(name).items()}
+    return {comp: by_name.get(n) for comp, n in component_names(name, generation).items()}
 
 
-def observe_autoscalers(children: Iterable[Mapping[str, Any]], name: str, uid: str) -> dict[str, dict[str, Any] | None]:
-    """Role -> its live HorizontalPodAutoscaler, if this CR owns it (named like the role's Deployment)."""
+def observe_autoscalers(
+    children: Iterable[Mapping[str, Any]], name: str, uid: str, generation: str | None = None
+) -> dict[str, dict[str, Any] | None]:
+    """Role -> its live HorizontalPodAutoscaler of `generation` (the serving one), if this CR owns it (named like the
+    role's Deployment of that generation)."""
     by_name = {
         d["metadata"]["name"]: dict(d)
         for d in children
         if d.get("kind") == "HorizontalPodAutoscaler" and k8s.owned_by(d, uid)
     }
-    return {role: by_name.get(role_name(name, role)) for role in contract.ROLES}
+    return {role: by_name.get(role_name(name, role, generation)) for role in contract.ROLES}
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -111,6 +111,24 @@ def compute_bounds(
     return {"prefill": Bounds(pl, ph, note), "decode": Bounds(dl, dh, note)}
 
 
+def start_replicas(
+    spec: HybridPDDeploymentSpec, serving: Mapping[str, Any], bounds: Mapping[str, Bounds]
+) -> dict[str, int]:
+    """The count each autoscaling role's Deployment of a generation starts at: what the serving generation runs now
+    (`serving`: each role's Deployment spec.replicas, its HPA's choice; None when nothing serves: spec.<role>.replicas),
+    within the role's HPA bounds. A new generation thus takes traffic with the capacity the old one had, and a first
+    one starts where the user said."""
+    out: dict[str, int] = {}
+    for role in autoscaled_roles(spec):
+        n = serving.get(role)
+        n = n if isinstance(n, int) and n > 0 else spec.role(role).replicas
+        b = bounds.get(role)
+        if b is not None:
+            n = min(max(n, b.min_replicas), b.max_replicas)
+        out[role] = n
+    return out
+
+
 @dataclass(frozen=True)
 class _Pair:
     """What runs (p prefill, d decode), the band [rmin, rmax], which way each HPA wants, the user's ranges."""

@@ -40,6 +40,7 @@ METRICS_PORT_DEFAULT = 9090
 RESYNC_SECONDS_DEFAULT = 300.0
 WORKERS_DEFAULT = 4
 RECHECK_SECONDS_DEFAULT = 10.0
+NOT_SCHEDULED_SECONDS_DEFAULT = 60.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class OperatorConfig:
     workers: int = WORKERS_DEFAULT
     """Reconcile worker threads (CRs converged at once)."""
     recheck_seconds: float = RECHECK_SECONDS_DEFAULT
+    not_scheduled_seconds: float = NOT_SCHEDULED_SECONDS_DEFAULT
+    """How long a pod may wait for any scheduler's first verdict before its role is Degraded (NotScheduled)."""
     """How often a CR whose child name is held by an object the operator does not watch (no managed-by label) is
     re-queued to look again (no event announces that object's deletion)."""
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE

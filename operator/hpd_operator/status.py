@@ -1,9 +1,14 @@
-"""Pure: what we observe (the role Deployments) -> the CR's status (conditions, counts, endpoint, profile).
+"""Pure: what we observe (the role Deployments) -> the CR's status (conditions, counts, endpoint, profile, rollout).
 
 What Ready means: the endpoint can serve a request now. Every role has >= 1 desired replica, every desired replica
 of every role is updated and Ready (engine pods only turn Ready after the runtime's warmup), and the Deployments
 have caught up with their spec. A role scaled to 0 is reported `<Role>Ready=True, reason=ScaledToZero`, but the
 CR is then `Ready=False, reason=ScaledToZero`: nothing can answer on the endpoint.
+
+Generations (hpd_operator.generations, docs/rollouts.md): the engine conditions, counts and Ready describe the
+generation the router routes to (what serves); while another generation comes up, each role condition also says
+how far it is and why its pods are not Ready, Progressing says where the rollout stands (Degraded carries the new
+generation's scheduling or rollout problems), and status.rollout lists every generation.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from hpd_operator.conditions import (
     Reason,
 )
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile
+from hpd_operator.generations import LiveGeneration, Plan, RolloutView
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 COMPONENTS: tuple[str, ...] = (*contract.ROLES, contract.COMPONENT_ROUTER)
@@ -45,14 +51,21 @@ class RoleState:
     """The Deployment controller has observed the latest spec and its spec.replicas is what we want."""
     problems: tuple[tuple[Reason, str], ...] = ()
     """Why the role is failing: a stuck rollout, an unschedulable pod (scheduler's reason), a pod on a lost node."""
+    surges: bool = False
+    """The router: its Deployment surges (maxUnavailable 0), so while it rolls (a generation switch, a router
+    update) its Ready pods of either template serve: Ready when as many pods as desired are Ready, whichever
+    template they run; the roll itself shows in `rolling` (Progressing)."""
 
     @property
     def ready_all(self) -> bool:
+        if self.surges:
+            return self.exists and self.ready >= self.desired
         return self.exists and self.caught_up and self.ready >= self.desired and self.updated >= self.desired
 
     @property
     def rolling(self) -> bool:
-        return not self.ready_all or self.replicas > self.desired
+        settled = self.caught_up and self.updated >= self.desired
+        return not self.ready_all or self.replicas > self.desired or not settled
 
 
 def _deployment_problems(st: Mapping[str, Any]) -> list[tuple[Reason, str]]:
@@ -74,7 +87,8 @@ NOT_SCHEDULED_AFTER = 60.0
 (NotScheduled). The default scheduler looks at a new pod within a second; a loaded one within seconds."""
 
 
-def _parse_time(value: object) -> datetime.datetime | None:
+def parse_time(value: object) -> datetime.datetime | None:
+    """An RFC 3339 time of the apiserver (`2026-12-01T10:00:00Z`), None when absent or malformed."""
     if not isinstance(value, str) or not value:
         return None
     try:
@@ -90,19 +104,24 @@ def unlooked_age(pod: Mapping[str, Any], now: str | None) -> float | None:
         return None
     if any(c.get("type") == "PodScheduled" for c in st.get("conditions") or []):
         return None
-    t0, t1 = _parse_time(md.get("creationTimestamp")), _parse_time(now)
+    t0, t1 = parse_time(md.get("creationTimestamp")), parse_time(now)
     return None if t0 is None or t1 is None else max((t1 - t0).total_seconds(), 0.0)
 
 
-def next_pod_check(pods: Iterable[Mapping[str, Any]], now: str | None) -> float | None:
-    """Seconds until the next unbound, unjudged pod reaches NOT_SCHEDULED_AFTER (no event announces that moment)."""
-    waits = [NOT_SCHEDULED_AFTER - a for p in pods if (a := unlooked_age(p, now)) is not None]
+def next_pod_check(
+    pods: Iterable[Mapping[str, Any]], now: str | None, after: float = NOT_SCHEDULED_AFTER
+) -> float | None:
+    """Seconds until the next unbound, unjudged pod has waited `after` seconds (no event announces that moment)."""
+    waits = [after - a for p in pods if (a := unlooked_age(p, now)) is not None]
     waits = [w for w in waits if w > 0]
     return min(waits) + 1.0 if waits else None
 
 
 def pod_problems(
-    pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None, now: str | None = None
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Collection[str] | None,
+    now: str | None = None,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> tuple[list[tuple[Reason, str]], int]:
     """Unschedulable pods (with the scheduler's message), pods no scheduler has looked at for NOT_SCHEDULED_AFTER
     seconds, and Ready pods bound to a node that no longer exists (`nodes` = the names of the existing nodes; None =
@@ -117,7 +136,7 @@ def pod_problems(
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
                 out.append((Reason.UNSCHEDULABLE, f"pod {md.get('name')}: {c.get('message', 'unschedulable')}"))
         age = unlooked_age(pod, now)
-        if age is not None and age >= NOT_SCHEDULED_AFTER:
+        if age is not None and age >= not_scheduled_after:
             sched = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
             out.append((Reason.NOT_SCHEDULED, f"pod {md.get('name')} has waited {age:.0f} s and no scheduler has "
                         f"looked at it: is the scheduler {sched!r} running (podTemplate.spec.schedulerName)?"))  # fmt: skip
@@ -145,10 +164,13 @@ def role_state(
     pods: Sequence[Mapping[str, Any]] | None = None,
     nodes: Collection[str] | None = None,
     now: str | None = None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
+    surges: bool = False,
 ) -> RoleState:
-    problems, lost_ready = pod_problems(pods or (), nodes, now)
+    problems, lost_ready = pod_problems(pods or (), nodes, now, not_scheduled_after)
     if deployment is None:
-        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems))
+        return RoleState(desired, 0, 0, 0, 0, False, False, tuple(problems), surges)
     md, sp, st = deployment.get("metadata", {}), deployment.get("spec", {}), deployment.get("status") or {}
     caught_up = st.get("observedGeneration", 0) >= md.get("generation", 1) and sp.get("replicas", 1) == desired
     return RoleState(
@@ -160,6 +182,7 @@ def role_state(
         exists=True,
         caught_up=caught_up,
         problems=tuple(_deployment_problems(st) + problems),
+        surges=surges,
     )
 
 
@@ -218,6 +241,8 @@ def compute_status(
     previous: Sequence[Mapping[str, Any]] = (),
     now: str | None = None,
     role_details: Mapping[str, str] | None = None,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
+    rollout: RolloutView | None = None,
     autoscalers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
@@ -229,18 +254,24 @@ def compute_status(
     (e.g. a PodMonitor skipped). `previous` conditions and `now` keep lastTransitionTime stable across unchanged
     statuses (the caller owns the clock). `role_details` maps a role to why its pods are not Ready (their probe
     output, hpd_operator.podevents); it is appended to that role's condition message while the role is not Ready.
-    `autoscalers` maps an autoscaling role to its status.<role>.autoscaler (scaling.autoscaler_status); such a role's
-    desired count is its Deployment's replicas (its HPA's choice), not spec.<role>.replicas.
-    """
+    `rollout`: the CR's generations (the one the router routes to is what `observed`, `pods` and `role_details`
+    stand for). `autoscalers`: each autoscaling role's status.<role>.autoscaler (scaling.autoscaler_status)."""
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
-    states = _states(spec, observed, pods or {}, nodes, now)
-    scalers = autoscalers or {}
-    details = role_details or {}
+    wait = not_scheduled_after
+    gens = _Generations.of(spec, rollout, nodes, now, not_scheduled_after=wait) if rollout is not None else None
+    states = _states(spec, observed, pods or {}, nodes, now, not_scheduled_after=wait)
+    details = dict(role_details or {})
+    if gens is not None:
+        states.update(gens.serving)
+        details.update(gens.serving_details)
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
+    conds.append(_data_path_condition(spec, states["decode"], details.get("decode")))
     conds.append(_profile_condition(profile, failure))
     conds += _progress_conditions(states, failure)
+    if gens is not None:
+        gens.annotate(conds, failure)
     ready, phase = _ready_condition(states, failure)
     if notes:
         ready["message"] += "; " + "; ".join(notes)
@@ -251,21 +282,45 @@ def compute_status(
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
-        out[comp] = _counts(name, comp, states[comp], scalers.get(comp))
+        out[comp] = _component_status(name, comp, states[comp], gens, (autoscalers or {}).get(comp))
+    return _rest(out, name=name, namespace=namespace, spec=spec, profile=profile, gens=gens)
+
+
+def _rest(
+    out: dict[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    spec: HybridPDDeploymentSpec | None,
+    profile: Profile | None,
+    gens: _Generations | None,
+) -> dict[str, Any]:
+    """The endpoint, the profile and the rollout."""
     port = spec.router.service.port if spec is not None else None
     if port is not None:
         out["endpoint"] = endpoint_url(name, namespace, port)
     if profile is not None:
         out["profile"] = profile.status()
+    if gens is not None:
+        out["rollout"] = gens.status()
     return out
 
 
-def _counts(name: str, comp: str, s: RoleState, scaler: Mapping[str, Any] | None) -> dict[str, Any]:
-    """status.<component>: its counts, the scale subresource's selector, its autoscaler's report if any."""
+def _component_status(
+    name: str, comp: str, s: RoleState, gens: _Generations | None, scaler: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Counts of what serves; with generations, `replicas` counts the role's pods of every generation and
+    `updatedReplicas` those of the spec's generation (as a Deployment's status does during a rolling update); an
+    autoscaling role's report of its autoscaler (the serving generation's HPA)."""
+    replicas, updated = s.replicas, s.updated
+    if gens is not None and comp in contract.ROLES:
+        replicas = sum(states[comp].replicas for states in gens.all.values())
+        target = gens.all.get(gens.plan.desired.hash)
+        updated = target[comp].updated if target is not None else 0
     out: dict[str, Any] = {
-        "replicas": s.replicas,
+        "replicas": replicas,
         "readyReplicas": s.ready,
-        "updatedReplicas": s.updated,
+        "updatedReplicas": updated,
         "summary": f"{s.ready}/{s.desired}",
         "selector": selector_string(name, comp),
     }
@@ -274,12 +329,267 @@ def _counts(name: str, comp: str, s: RoleState, scaler: Mapping[str, Any] | None
     return out
 
 
+# --- generations -----------------------------------------------------------------------------------------------------
+def generation_desired(
+    spec: HybridPDDeploymentSpec | None, g: LiveGeneration | None, desired_hash: str
+) -> dict[str, int]:
+    """Desired replicas per role of a generation: the spec's for the generation it asks for, the generation's own
+    Deployments' for any other (it is left as it was built)."""
+    if spec is not None and (g is None or g.hash == desired_hash):
+        return {r: _spec_replicas(spec, g, r) for r in contract.ROLES}
+    return {r: g.replicas(r) if g is not None else 0 for r in contract.ROLES}
+
+
+def _spec_replicas(spec: HybridPDDeploymentSpec, g: LiveGeneration | None, role: contract.Role) -> int:
+    """What the spec asks of a role of its own generation: spec.<role>.replicas, or for an autoscaling role the count
+    its Deployment runs (its HPA's choice; while the generation is not serving yet, the serving generation's count the
+    operator starts it at: docs/autoscaling.md)."""
+    if spec.role(role).autoscaling is not None and g is not None and role in g.deployments:
+        return g.replicas(role)
+    return spec.role(role).replicas
+
+
+def generation_states(
+    g: LiveGeneration | None,
+    desired: Mapping[str, int],
+    nodes: Collection[str] | None,
+    now: str | None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
+) -> dict[str, RoleState]:
+    return {
+        r: role_state(
+            desired[r],
+            g.deployments.get(r) if g else None,
+            g.pods[r] if g else [],
+            nodes,
+            now,
+            not_scheduled_after=not_scheduled_after,
+        )
+        for r in contract.ROLES
+    }
+
+
+def generation_ready(
+    g: LiveGeneration, desired: Mapping[str, int], nodes: Collection[str] | None = None, now: str | None = None
+) -> bool:
+    """Every desired replica of both roles Ready (a decode pod is Ready only after its pair check against its own
+    generation's prefill pods): the generation may take traffic."""
+    return all(s.ready_all for s in generation_states(g, desired, nodes, now).values())
+
+
+def generation_answering(
+    g: LiveGeneration, desired: Mapping[str, int], nodes: Collection[str] | None = None, now: str | None = None
+) -> bool:
+    """At least one Ready pod of each role: the generation can answer a request now (vllm-router's readiness)."""
+    return all(s.ready > 0 for s in generation_states(g, desired, nodes, now).values())
+
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _gpus(spec: HybridPDDeploymentSpec | None, replicas: Mapping[str, int]) -> int:
+    """GPUs one generation asks for (the role's GPU limit, else its TP size, times its desired replicas)."""
+    if spec is None:
+        return 0
+    total = 0
+    for r in contract.ROLES:
+        rs = spec.role(r)
+        limit = (rs.resources.limits or {}).get(GPU_RESOURCE) if rs.resources is not None else None
+        total += replicas[r] * (
+            int(limit) if isinstance(limit, int | str) and str(limit).isdigit() else rs.tensor_parallel_size
+        )
+    return total
+
+
+@dataclass(frozen=True)
+class _Generations:
+    """The role states of every generation and where the rollout stands (see the module doc)."""
+
+    spec: HybridPDDeploymentSpec | None
+    view: RolloutView
+    all: dict[str, dict[str, RoleState]]
+    """Generation hash -> role -> state: every live generation, and the planned ones even before they exist."""
+
+    @classmethod
+    def of(
+        cls,
+        spec: HybridPDDeploymentSpec | None,
+        view: RolloutView,
+        nodes: Collection[str] | None,
+        now: str | None,
+        *,
+        not_scheduled_after: float = NOT_SCHEDULED_AFTER,
+    ) -> _Generations:
+        want, wait = view.plan.desired.hash, not_scheduled_after
+        states = {h: generation_states(g, generation_desired(spec, g, want), nodes, now, not_scheduled_after=wait)
+                  for h, g in view.live.generations.items()}  # fmt: skip
+        for gen in (view.plan.desired, view.plan.route):
+            if gen.hash not in states:
+                desired = generation_desired(spec, None, want)
+                states[gen.hash] = generation_states(None, desired, nodes, now, not_scheduled_after=wait)
+        return cls(spec, view, states)
+
+    @property
+    def plan(self) -> Plan:
+        return self.view.plan
+
+    @property
+    def serving(self) -> dict[str, RoleState]:
+        return self.all[self.plan.route.hash]
+
+    @property
+    def serving_details(self) -> dict[str, str]:
+        return {r: d for r in contract.ROLES if (d := self.view.details.get((self.plan.route.hash, r)))}
+
+    @property
+    def draining(self) -> list[str]:
+        return sorted(set(self.view.live.generations) - {self.plan.desired.hash, self.plan.route.hash})
+
+    def number(self, h: str) -> int:
+        for gen in (self.plan.desired, self.plan.route):
+            if gen.hash == h:
+                return gen.number
+        g = self.view.live.generations.get(h)
+        return g.number or 0 if g is not None else 0
+
+    def name(self, h: str) -> str:
+        return f"generation {self.number(h)} ({h})"
+
+    def target_problems(self) -> list[tuple[Reason, str]]:
+        if not self.plan.rolling:
+            return []
+        t, name = self.all[self.plan.desired.hash], self.name(self.plan.desired.hash)
+        return [(r, f"{name} {role}: {m}") for role in contract.ROLES for r, m in t[role].problems]
+
+    @property
+    def state(self) -> str:
+        if not self.plan.rolling:
+            others = set(self.view.live.generations) - {self.plan.desired.hash}
+            return "Switching" if others else "Complete"
+        return "Blocked" if self.target_problems() else "Starting"
+
+    def target_note(self, role: str) -> str:
+        """What the role condition says about the generation coming up."""
+        h = self.plan.desired.hash
+        t = self.all[h][role]
+        note = f"{self.name(h)} (not serving yet): {t.ready}/{t.desired} {role} replicas ready"
+        if t.problems:
+            note += f"; {_problem_text(t.problems)}"
+        detail = self.view.details.get((h, role))
+        if detail and not t.ready_all:
+            note += f"; {detail}"
+        return note
+
+    def _desired(self, h: str) -> dict[str, int]:
+        return {r: self.all[h][r].desired for r in contract.ROLES}
+
+    def _progress(self, h: str) -> str:
+        t = self.all[h]
+        return ", ".join(f"{r} {t[r].ready}/{t[r].desired}" for r in contract.ROLES) + " Ready"
+
+    def message(self) -> str:
+        plan, state = self.plan, self.state
+        target, serving = self.name(plan.desired.hash), self.name(plan.route.hash)
+        if state == "Complete":
+            return f"{serving} serves"
+        if state == "Switching":
+            old = ", ".join(self.name(h) for h in self.draining)
+            return (f"traffic moved to {serving}; {old} drains: the router pods that still select it finish their "
+                    "in-flight requests (spec.router.drainSeconds), then it is removed")  # fmt: skip
+        if state == "Starting":
+            return (f"{target} is starting beside {serving}, which keeps all traffic until every desired replica of "
+                    f"the new one is Ready (a decode pod only after its pair check against the new prefill pods): "
+                    f"{self._progress(plan.desired.hash)}")  # fmt: skip
+        problems = "; ".join(m for _, m in self.target_problems())
+        gpus = _gpus(self.spec, self._desired(plan.desired.hash))
+        return (f"{target} cannot come up: {problems}; {serving} keeps serving. A rollout starts the new generation "
+                f"beside the serving one, so it needs room for {gpus} more GPUs: free them or add nodes, "
+                "or put the spec back to cancel it")  # fmt: skip
+
+    def annotate(self, conds: list[dict[str, str]], failure: Failure | None) -> None:
+        """Role conditions gain the new generation's progress and probe reasons; Progressing says where the rollout
+        stands; Degraded also carries the new generation's problems (the serving one may be fine)."""
+        by_type = {c["type"]: c for c in conds}
+        if self.plan.rolling:
+            for role in contract.ROLES:
+                c = by_type[str(COMPONENT_CONDITION[role])]
+                c.update(_cond(ConditionType(c["type"]), _truth(c["status"]), Reason(c["reason"]),
+                               f"{c['message']}; {self.target_note(role)}"))  # fmt: skip
+        if failure is not None:
+            return
+        state = self.state
+        if state != "Complete":
+            reason = {"Starting": Reason.GENERATION_STARTING, "Blocked": Reason.GENERATION_BLOCKED,
+                      "Switching": Reason.TRAFFIC_SWITCHING}[state]  # fmt: skip
+            by_type[str(ConditionType.PROGRESSING)].update(
+                _cond(ConditionType.PROGRESSING, state != "Blocked", reason, self.message())
+            )
+        problems = self.target_problems()
+        degraded = by_type[str(ConditionType.DEGRADED)]
+        if problems and degraded["status"] != "True":
+            degraded.update(_cond(ConditionType.DEGRADED, True, problems[0][0], "; ".join(m for _, m in problems)))
+        elif problems:
+            degraded.update(_cond(ConditionType.DEGRADED, True, Reason(degraded["reason"]),
+                                  degraded["message"] + "; " + "; ".join(m for _, m in problems)))  # fmt: skip
+
+    def _entry(self, h: str) -> dict[str, Any]:
+        t = self.all[h]
+        if h == self.plan.route.hash:
+            state = "Serving"
+        elif h == self.plan.desired.hash:
+            state = "Blocked" if self.target_problems() else "Starting"
+        else:
+            state = "Draining"
+        out: dict[str, Any] = {"number": self.number(h), "hash": h, "state": state, "served": h in self.plan.served}
+        out.update({r: f"{t[r].ready}/{t[r].desired}" for r in contract.ROLES})
+        why = [_problem_text(t[r].problems) for r in contract.ROLES if t[r].problems]
+        why += [d for r in contract.ROLES if not t[r].ready_all and (d := self.view.details.get((h, r)))]
+        if why:
+            out["message"] = _clip("; ".join(why), 4096)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """status.rollout (camelCase)."""
+        plan, state = self.plan, self.state
+        if state == "Complete":
+            summary = "complete"
+        elif state == "Switching":
+            summary = "draining gen " + ",".join(str(self.number(h)) for h in self.draining)
+        else:
+            t = self.all[plan.desired.hash]
+            want = sum(t[r].desired for r in contract.ROLES)
+            done = sum(min(t[r].ready, t[r].desired) for r in contract.ROLES)
+            summary = f"gen {plan.desired.number}: " + ("blocked" if state == "Blocked" else f"{done}/{want} ready")
+        return {
+            "state": state,
+            "summary": summary,
+            "message": _clip(self.message(), 4096),
+            "servingGeneration": plan.route.number,
+            "servingHash": plan.route.hash,
+            "targetGeneration": plan.desired.number,
+            "targetHash": plan.desired.hash,
+            "latestGeneration": plan.latest,
+            "generations": sorted((self._entry(h) for h in self.all), key=lambda e: (e["number"], e["hash"])),
+        }
+
+
+def _truth(status: str) -> bool | None:
+    return None if status == "Unknown" else status == "True"
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _states(
     spec: HybridPDDeploymentSpec | None,
     observed: Mapping[str, Mapping[str, Any] | None],
     pods: Mapping[str, Sequence[Mapping[str, Any]]],
     nodes: Collection[str] | None,
     now: str | None = None,
+    *,
+    not_scheduled_after: float = NOT_SCHEDULED_AFTER,
 ) -> dict[str, RoleState]:
     out: dict[str, RoleState] = {}
     for comp in COMPONENTS:
@@ -292,7 +602,16 @@ def _states(
             desired = int((dep.get("spec") or {}).get("replicas") or 0)  # the autoscaler's choice
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
-        out[comp] = role_state(desired, dep, pods.get(comp), nodes, now)  # a component left out: pods not observed
+        # a component left out: its pods not observed
+        out[comp] = role_state(
+            desired,
+            dep,
+            pods.get(comp),
+            nodes,
+            now,
+            not_scheduled_after=not_scheduled_after,
+            surges=comp == contract.COMPONENT_ROUTER,
+        )
     return out
 
 
@@ -306,6 +625,26 @@ def _warmup_condition(spec: HybridPDDeploymentSpec | None, states: Mapping[str, 
     waiting = sum(max(s.desired - s.ready, 0) for s in engines)
     msg = f"{waiting} engine replica(s) not warm (not Ready) yet"
     return _cond(ConditionType.WARMED_UP, False, Reason.WARMUP_PENDING, msg)
+
+
+def _data_path_condition(spec: HybridPDDeploymentSpec | None, decode: RoleState, detail: str | None) -> dict[str, str]:
+    """Whether P->D is proven now. Decode is Ready only after its pair check with every Ready prefill and stays Ready
+    only while its canary passes, so Ready decode replicas are the proof (the measured KV rate is in each decode's
+    /readyz and hpd_runtime_kv_transfer_bytes_per_second: the pods have no credentials to report it here)."""
+    ctype = ConditionType.DATA_PATH_VERIFIED
+    if spec is None:
+        return _cond(ctype, None, Reason.UNKNOWN, "the spec is not valid")
+    w, kv = spec.warmup, spec.kv_transfer
+    if not (w.enabled and w.pair_check):
+        return _cond(ctype, None, Reason.PAIR_CHECK_DISABLED, "spec.warmup.pairCheck (or warmup) is off: P->D is "
+                     "not verified before traffic")  # fmt: skip
+    canary = f"re-proved every {w.canary_seconds} s (canary)" if w.canary_seconds else "canary off"
+    if decode.desired > 0 and decode.ready_all:
+        msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "
+               f"KV over fabric {kv.fabric} (decode's /readyz names the measured rate)")  # fmt: skip
+        return _cond(ctype, True, Reason.DATA_PATH_VERIFIED, msg)
+    msg = f"{decode.ready}/{decode.desired} decode replica(s) verified P->D; {canary}"
+    return _cond(ctype, False, Reason.DATA_PATH_UNVERIFIED, msg + (f": {detail}" if detail else ""))
 
 
 def _profile_condition(profile: Profile | None, failure: Failure | None) -> dict[str, str]:

@@ -39,7 +39,7 @@ from hpd_operator.versions import (
     parse_version,
     version_row,
 )
-from hpd_operator.vllm_flags import FlagTable, available_versions, flag_table, resolve
+from hpd_operator.vllm_flags import FlagTable, Item, available_versions, flag_table, resolve, value_errors
 from hpd_runtime import contract
 
 REGENERATE = "python -m hpd_devcluster.vllm_flags --version {v}"
@@ -215,13 +215,19 @@ def check_spec(spec: HybridPDDeploymentSpec) -> list[SpecViolation]:
 
 def _check_pod_template(rs: RoleSpec, path: str, out: list[SpecViolation]) -> None:
     pt: PodTemplate | None = rs.pod_template
-    if pt is None or pt.spec is None:
+    if pt is None:
+        return
+    if pt.metadata is not None:
+        out.extend(violations("podMetadata", pt.metadata, f"{path}.metadata"))
+    if pt.spec is None:
         return
     out.extend(violations("podSpec", pt.spec, f"{path}.spec"))
     for i, ct in enumerate(pt.spec.containers or []):
         out.extend(violations("container", ct, f"{path}.spec.containers[{i}]"))
     for i, vol in enumerate(pt.spec.volumes or []):
         out.extend(violations("volume", vol, f"{path}.spec.volumes[{i}]"))
+        for j, src in enumerate((vol.projected.sources if vol.projected else None) or []):
+            out.extend(violations("projection", src, f"{path}.spec.volumes[{i}].projected.sources[{j}]"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,6 +266,16 @@ def _index(field: str) -> int:
     return int(field.rsplit("[", 1)[1].rstrip("]")) if "[" in field else -1
 
 
+def _value_errors(table: FlagTable, item: Item, args: list[str], where: list[tuple[str, int]]) -> list[SpecViolation]:
+    """Values argparse would refuse for this option (a type it cannot convert, a value outside its choices): vLLM
+    exits 2 at startup and the pod restarts forever, so refuse them here, naming the item."""
+    out = []
+    for i, canonical, why in value_errors(table, item, args):
+        msg = f"{canonical} {why}: vLLM's parser would exit at startup (the pod would restart forever)"
+        out.append(SpecViolation(f"{where[i][0]}[{where[i][1]}]", "vllm-arg-value", msg))
+    return out
+
+
 def reserved_dests(table: FlagTable) -> dict[str, str]:
     """dest -> why the operator owns it, for every DENIED_FLAGS entry this vLLM version has."""
     out: dict[str, str] = {}
@@ -283,6 +299,9 @@ def check_args(
         if item.kind == "error":
             rule = "unknown-vllm-flag" if "has no such option" in item.message else "vllm-argv"
             out.append(SpecViolation(field, rule, f"{item.text!r}: {item.message}"))
+            continue
+        if item.kind == "option" and item.dest is not None and item.dest not in reserved:
+            out += _value_errors(table, item, args, where)
             continue
         if item.kind != "option" or item.dest is None or item.dest not in reserved:
             continue

@@ -88,7 +88,8 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
                  "--timeout", "90s", kubeconfig=kubeconfig)  # fmt: skip
         crd = served_crd(helm, kubeconfig)
         assert [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]] == [
-            "Ready", "Prefill", "Decode", "Model", "Prefill-Scaler", "Decode-Scaler", "Endpoint", "Age",
+            "Ready", "Prefill", "Decode", "Model", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Endpoint",
+            "Age",
         ]  # fmt: skip
         cr = {
             "apiVersion": "hybridpd.io/v1alpha1",

@@ -45,6 +45,8 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
             "ClusterRoleBinding",
             "Service",
             "Deployment",
+            "ValidatingAdmissionPolicy",  # admission.checkSecretReferences
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     dep = find(docs, "Deployment", "hpd-hybrid-pd-operator")
@@ -142,7 +144,9 @@ def test_the_same_rules_in_both_scopes(helm: Helm) -> None:
 
 
 def test_crds_disabled_and_rbac_off_render_no_crd_and_no_rbac(helm: Helm) -> None:
-    docs = helm.template("--set", "crds.enabled=false", "--set", "rbac.create=false")
+    docs = helm.template(
+        "--set", "crds.enabled=false", "--set", "rbac.create=false", "--set", "admission.checkSecretReferences=false"
+    )  # fmt: skip
     assert kinds(docs) == ["Deployment", "Service", "ServiceAccount"]
 
 

@@ -131,7 +131,8 @@ PODMONITOR_CRD: dict[str, Any] = {
 @pytest.fixture(scope="module", autouse=True)
 def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
     """The Prometheus Operator's PodMonitor kind (a schema-less stand-in when absent), so the proof covers the
-    operator's PodMonitor calls too; removed afterwards only if this module created it."""
+    operator's PodMonitor calls too; removed afterwards only if this module created it (tests/chart/test_rbac_fence.py
+    uses it as well)."""
     ext = client.ApiextensionsV1Api(api_client)
     name = PODMONITOR_CRD["metadata"]["name"]
     try:
@@ -151,6 +152,15 @@ def podmonitor_crd(api_client: client.ApiClient) -> Iterator[None]:
     yield
     if created:
         ext.delete_custom_resource_definition(name)
+
+        def gone() -> bool:  # deletion is asynchronous: the next module must not find a CRD about to vanish
+            try:
+                ext.read_custom_resource_definition(name)
+            except client.ApiException as e:
+                return e.status == 404
+            return False
+
+        wait_for(gone, 60, what="PodMonitor CRD deleted")
 
 
 def optional_children(api: client.ApiClient, ns: str, name: str) -> tuple[list[str], list[str]]:
@@ -174,6 +184,12 @@ def ready(cr: dict[str, Any]) -> bool:
     return conds.get("Ready") == "True" and st.get("observedGeneration") == cr["metadata"]["generation"]
 
 
+def engine(api: client.ApiClient, ns: str, name: str, role: str) -> list[client.V1Deployment]:
+    """The CR's `role` Deployments (one per generation that runs)."""
+    sel = f"app.kubernetes.io/instance={name},app.kubernetes.io/component={role}"
+    return list(client.AppsV1Api(api).list_namespaced_deployment(ns, label_selector=sel).items)
+
+
 def children(api: client.ApiClient, ns: str, name: str) -> list[str]:
     apps = client.AppsV1Api(api)
     return sorted(
@@ -191,9 +207,9 @@ def prove(
     cr = wait(op, lambda: (c := get_cr(api, ns, name)) and ready(c) and c, f"{name} Ready")
     assert cr["status"]["endpoint"] == f"http://{name}.{ns}.svc:8000"
     apps = client.AppsV1Api(api)
-    engine = apps.read_namespaced_deployment(f"{name}-decode", ns).spec.template.spec.containers[0]
+    (decode,) = engine(api, ns, name, "decode")
     router = apps.read_namespaced_deployment(f"{name}-router", ns).spec.template.spec.containers[0]
-    assert (engine.image, router.image) == images  # the chart's images.* reached the children
+    assert (decode.spec.template.spec.containers[0].image, router.image) == images  # the chart's images.* arrived
     core = client.CoreV1Api(api)
 
     def created_event() -> bool:  # the Event is posted after the status write: wait for it (STYLE item 13)
@@ -203,23 +219,37 @@ def prove(
     wait(op, created_event, "the Created Event on the CR")
 
     pdbs, pms = optional_children(api, ns, name)
-    assert pdbs == [f"{name}-decode"] and len(pms) == 2
+    assert pdbs == [decode.metadata.name] and len(pms) == 2
 
-    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned; prefill starts to
-    # autoscale -> its HPA is created and its replicas handed off (no metrics adapter here: the HPA only waits).
-    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False},
+    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned; a new engine env
+    # -> a new generation takes over and the old one's Deployments and Services are deleted (docs/rollouts.md); prefill
+    # starts to autoscale -> an HPA on the serving generation's prefill while the new one starts, then the new one's
+    # (its replicas handed off) and the old HPA deleted (no metrics adapter here: the HPAs only wait).
+    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}, "env": [{"name": "RBAC", "value": "1"}],
             "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}}  # fmt: skip
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
-    wait(
-        op,
-        lambda: (
-            apps.read_namespaced_deployment(f"{name}-decode", ns).spec.replicas == 1
-            and optional_children(api, ns, name) == ([f"{name}-prefill"], [])  # prefill may reach 2 replicas
-            and client.AutoscalingV2Api(api).read_namespaced_horizontal_pod_autoscaler(f"{name}-prefill", ns)
+    hpas = client.AutoscalingV2Api(api)
+
+    def updated() -> bool:
+        ds, ps = engine(api, ns, name, "decode"), engine(api, ns, name, "prefill")
+        sel = f"app.kubernetes.io/instance={name}"
+        scalers = [
+            h.metadata.name for h in hpas.list_namespaced_horizontal_pod_autoscaler(ns, label_selector=sel).items
+        ]
+        return (
+            len(ds) == 1
+            and len(ps) == 1
+            and ds[0].metadata.uid != decode.metadata.uid
+            and ds[0].spec.replicas == 1
+            and optional_children(api, ns, name) == ([ps[0].metadata.name], [])  # prefill may reach 2 replicas
+            and scalers == [ps[0].metadata.name]
+            and not [s for s in client.CoreV1Api(api).list_namespaced_service(ns).items
+                     if s.metadata.name.endswith(decode.metadata.labels["hybridpd.io/generation"])]
             and ready(get_cr(api, ns, name))
-        ),
-        f"{name} decode scaled to 1, its PDB and PodMonitors pruned, prefill's HPA and PDB made, Ready",
-    )
+        )  # fmt: skip
+
+    what = f"{name} on a new generation, decode at 1, PDB, PodMonitors, old generation and its HPA pruned, Ready"
+    wait(op, updated, what)
 
     co.delete_namespaced_custom_object(G, V, ns, P, name)
     wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")

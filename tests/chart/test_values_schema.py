@@ -52,6 +52,20 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("bool-as-string", {"crds": {"enabled": "yes"}}, "crds.enabled", "Expected: boolean, given: string"),
     ("service-type", {"metrics": {"service": {"type": "Ingress"}}}, "metrics.service.type", '"ClusterIP", "NodePort"'),
     ("size-limit", {"tmpSizeLimit": "lots"}, "tmpSizeLimit", "Does not match pattern"),
+    ("fence-bool", {"rbac": {"fence": {"enabled": "true"}}}, "rbac.fence.enabled", "Expected: boolean, given: string"),
+    (
+        "fence-label-key",
+        {"rbac": {"fence": {"namespaceLabelKey": "not a label"}}},
+        "rbac.fence.namespaceLabelKey",
+        "Does not match pattern",
+    ),
+    (
+        "fence-label-value",
+        {"rbac": {"fence": {"namespaceLabelValue": "a b"}}},
+        "rbac.fence.namespaceLabelValue",
+        "Does not match pattern",
+    ),
+    ("admission-typo", {"admission": {"checkSecretRefs": False}}, "admission", "Additional property"),
 ]
 
 

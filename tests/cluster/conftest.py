@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -72,3 +72,22 @@ def operator(
     op.start()
     yield op
     op.stop()
+
+
+@pytest.fixture()
+def operator_factory(
+    crd: None, kubeconfig: Path, namespace: str, tmp_path: Path, operator_logs: list[Path]
+) -> Iterator[Callable[..., Operator]]:
+    """start(*extra_args, via=KUBECONFIG): the operator without the safety resync; stopped at teardown."""
+    started: list[Operator] = []
+
+    def start(*extra: str, via: Path = kubeconfig) -> Operator:
+        op = Operator(via, namespace, tmp_path / f"operator-{len(started)}.log", "3600", extra=extra)
+        operator_logs.append(op.log)
+        op.start()
+        started.append(op)
+        return op
+
+    yield start
+    for op in started:
+        op.stop()

@@ -111,21 +111,45 @@ def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
 
 
 EXPECTED = {
-    "Deployment": ["{n}-decode", "{n}-prefill", "{n}-router"],
-    "Service": ["{n}", "{n}-decode", "{n}-prefill"],
+    "Deployment": ["{n}-decode-{g}", "{n}-prefill-{g}", "{n}-router"],
+    "Service": ["{n}", "{n}-decode-{g}", "{n}-prefill-{g}"],
     "ServiceAccount": ["{n}-router"],
     "Role": ["{n}-router"],
     "RoleBinding": ["{n}-router"],
     "PodDisruptionBudget": [],
     "NetworkPolicy": ["{n}-engines", "{n}-router"],
 }
+"""A CR's children when one generation `{g}` of its engines runs (docs/rollouts.md)."""
 
 
-def expected(name: str, **extra: list[str]) -> dict[str, list[str]]:
-    out = {k: sorted(x.format(n=name) for x in v) for k, v in EXPECTED.items()}
+def expected(name: str, gen: str, **extra: list[str]) -> dict[str, list[str]]:
+    """The children of CR `name` running generation `gen` (its hash) alone; `extra` replaces a kind's list."""
+    out = {k: sorted(x.format(n=name, g=gen) for x in v) for k, v in EXPECTED.items()}
     for k, v in extra.items():
-        out[k] = sorted(x.format(n=name) for x in v)
+        out[k] = sorted(x.format(n=name, g=gen) for x in v)
     return out
+
+
+def generation(doc: dict[str, Any], namespace: str) -> str:
+    """The generation (hash) the operator runs for `doc`, from what `render` builds for it (not from the CR's
+    status): the operator in these tests runs with the default images, as render does."""
+    from hpd_operator.render import render
+
+    doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+    deps = [m for m in render([doc]) if m["kind"] == "Deployment"]
+    return str(next(d for d in deps if d["metadata"]["labels"].get(contract.LABEL_COMPONENT) == "prefill")
+               ["metadata"]["labels"][contract.LABEL_GENERATION])  # fmt: skip
+
+
+def serving(api: client.ApiClient, ns: str, name: str) -> str:
+    """The generation (hash) the router of CR `name` routes to, from its Deployment's label."""
+    dep = client.AppsV1Api(api).read_namespaced_deployment(f"{name}-router", ns)
+    return str(dep.metadata.labels[contract.LABEL_GENERATION])
+
+
+def engine_deployment(api: client.ApiClient, ns: str, name: str, role: str) -> client.V1Deployment:
+    """The `role` Deployment of the generation CR `name` serves (`<name>-<role>-<hash>`)."""
+    return deployment(api, ns, f"{name}-{role}-{serving(api, ns, name)}")
 
 
 def wait_cr(

@@ -28,12 +28,15 @@ from .kube import (
     container_of,
     create,
     deployment,
+    engine_deployment,
     events,
     expected,
+    generation,
     get_cr,
     hold,
     patch_spec,
     seed,
+    serving,
     wait_cr,
     wait_ready,
 )
@@ -82,12 +85,13 @@ def test_a_broken_cr_is_its_own_problem_and_the_others_are_still_served(
 
     # drift on the healthy CR is corrected as usual while the broken one fails every round
     apps = client.AppsV1Api(api_client)
-    dep = deployment(api_client, ns, "healthy-decode")
+    healthy = f"healthy-decode-{serving(api_client, ns, 'healthy')}"
+    dep = deployment(api_client, ns, healthy)
     body = copy.deepcopy(dep)
     body.spec.replicas = 4
-    apps.replace_namespaced_deployment("healthy-decode", ns, body)
+    apps.replace_namespaced_deployment(healthy, ns, body)
     t0 = time.monotonic()
-    wait_for(lambda: deployment(api_client, ns, "healthy-decode").spec.replicas == 1, T, what="drift corrected")
+    wait_for(lambda: deployment(api_client, ns, healthy).spec.replicas == 1, T, what="drift corrected")
     print(f"drift corrected beside a broken CR in {time.monotonic() - t0:.1f} s (resync {RESYNC} s)")
     wait_ready(api_client, ns, "healthy")
 
@@ -101,8 +105,8 @@ def test_a_broken_cr_is_its_own_problem_and_the_others_are_still_served(
     hold(quiet, ROUNDS, "exactly one Warning Event on the broken CR, count 1")
     # nothing the failure is about exists: a builder crash applies nothing; an apiserver refusal (the env case, which
     # only the engines carry) leaves out the refused engine Deployments while the rest are applied
-    engines = {"broken-prefill", "broken-decode"}
-    assert not engines & set(children(api_client, ns, "broken")["Deployment"])
+    made = children(api_client, ns, "broken")["Deployment"]
+    assert not [d for d in made if d.startswith(("broken-prefill-", "broken-decode-"))], made
     assert not warnings(api_client, ns, "healthy")
 
 
@@ -112,6 +116,7 @@ def test_a_child_the_apiserver_refuses_becomes_a_condition_naming_it_and_the_fie
     ns, name = namespace, "refused"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
+    g1 = serving(api_client, ns, name)
     # accepted by the CRD (valueFrom is a free-form EnvVarSource), refused by the apiserver for the Deployments
     patch_spec(api_client, ns, name, {"env": [{"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s"}}}]})
 
@@ -123,16 +128,23 @@ def test_a_child_the_apiserver_refuses_becomes_a_condition_naming_it_and_the_fie
 
     cr = wait_cr(api_client, ns, name, refused, "ApplyFailed at the new generation", timeout=15)
     msg = cond(cr, "Ready")["message"]
-    assert f"Deployment {name}-prefill" in msg and "secretKeyRef.key" in msg, msg
+    assert f"Deployment {name}-prefill-" in msg and "secretKeyRef.key" in msg, msg
     assert cond(cr, "Ready")["status"] == "False" and cond(cr, "Degraded")["reason"] == "ApplyFailed"
     assert cr["status"]["phase"] == "Failed"
     wait_for(lambda: [e.reason for e in warnings(api_client, ns, name)] == ["ApplyFailed"], T, what="one Event")
     hold(lambda: len(warnings(api_client, ns, name)) == 1, ROUNDS, "no Event storm")
-    # nothing was pruned on the failed round, and a fix converges again
-    assert children(api_client, ns, name) == expected(name)
-    patch_spec(
-        api_client, ns, name, {"env": [{"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
-    )
+    # nothing was pruned on the failed round (generation 1 serves on; the new generation's Services, which the
+    # apiserver took, stay until a round converges), and a fix converges again
+    now = children(api_client, ns, name)
+    assert all(set(v) <= set(now[k]) for k, v in expected(name, g1).items()), now
+    assert [d for d in now["Deployment"] if not d.endswith(("-router", g1))] == [], now
+    assert serving(api_client, ns, name) == g1
+    fixed = {"env": [{"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}
+    patch_spec(api_client, ns, name, fixed)
+    doc = seed(name)
+    doc["spec"].update(fixed)
+    g3 = generation(doc, ns)
+    wait_for(lambda: children(api_client, ns, name) == expected(name, g3), T, what="only the fixed generation")
     wait_ready(api_client, ns, name)
 
 
@@ -153,7 +165,7 @@ def test_secret_env_and_non_bmp_text_deploy_as_written(
     create(api_client, ns, doc)
     wait_ready(api_client, ns, name)
     for role in contract.ROLES:
-        env = {e.name: e for e in container_of(deployment(api_client, ns, f"{name}-{role}")).env}
+        env = {e.name: e for e in container_of(engine_deployment(api_client, ns, name, role)).env}
         assert env["TOKEN"].value_from.secret_key_ref.name == "creds" and env["TOKEN"].value_from.field_ref is None
         assert env["CFG"].value_from.config_map_key_ref.key == "k"
         assert env["MEM"].value_from.resource_field_ref.resource == "requests.cpu"
@@ -166,8 +178,9 @@ def test_a_name_held_by_an_object_we_do_not_own_is_reported_not_taken_over(
 ) -> None:
     ns, name = namespace, "own"
     core = client.CoreV1Api(api_client)
+    held = f"{name}-prefill-{generation(seed(name), ns)}"  # generation 1's prefill Service
     mine = client.V1Service(
-        metadata=client.V1ObjectMeta(name=f"{name}-prefill", labels={"team": "someone-else"}),
+        metadata=client.V1ObjectMeta(name=held, labels={"team": "someone-else"}),
         spec=client.V1ServiceSpec(selector={"app": "theirs"}, ports=[client.V1ServicePort(port=1234)]),
     )
     core.create_namespaced_service(ns, mine)
@@ -175,10 +188,10 @@ def test_a_name_held_by_an_object_we_do_not_own_is_reported_not_taken_over(
     cr = wait_cr(
         api_client, ns, name, lambda c: cond(c, "Ready").get("reason") == "OwnershipConflict", "OwnershipConflict"
     )
-    assert f"Service {name}-prefill exists and is not owned by any object" in cond(cr, "Ready")["message"]
+    assert f"Service {held} exists and is not owned by any object" in cond(cr, "Ready")["message"]
 
     def untouched() -> bool:
-        svc = core.read_namespaced_service(f"{name}-prefill", ns)
+        svc = core.read_namespaced_service(held, ns)
         return (
             not svc.metadata.owner_references
             and svc.spec.selector == {"app": "theirs"}
@@ -189,10 +202,11 @@ def test_a_name_held_by_an_object_we_do_not_own_is_reported_not_taken_over(
     hold(untouched, ROUNDS, "the foreign Service is left as it was")
     wait_for(lambda: [e.reason for e in warnings(api_client, ns, name)] == ["OwnershipConflict"], T, what="Event")
     # the other children are there; once the foreign object is gone, the CR converges
-    assert deployment(api_client, ns, f"{name}-decode").metadata.owner_references[0].uid == cr["metadata"]["uid"]
-    core.delete_namespaced_service(f"{name}-prefill", ns)
+    decode = deployment(api_client, ns, held.replace("-prefill-", "-decode-"))
+    assert decode.metadata.owner_references[0].uid == cr["metadata"]["uid"]
+    core.delete_namespaced_service(held, ns)
     wait_ready(api_client, ns, name)
-    assert children(api_client, ns, name) == expected(name)
+    assert children(api_client, ns, name) == expected(name, generation(seed(name), ns))
 
 
 def test_two_crs_whose_children_collide_never_take_turns(
@@ -335,7 +349,7 @@ def test_network_policies_are_applied_with_their_rules(
         contract.LABEL_COMPONENT: contract.COMPONENT_ROUTER,
     }
     assert [p.port for p in router_rule.ports] == ["http"] and peers.ports is None
-    assert [p.port for p in prom.ports] == ["http", "runtime"]
+    assert [p.port for p in prom.ports] == ["runtime"]
     assert {(p.protocol, p.port) for p in eng.spec.egress[0].ports} == {("UDP", 53), ("TCP", 53)}
     rt = net.read_namespaced_network_policy(f"{name}-router", ns)
     assert rt.spec.policy_types == ["Ingress"] and [p.port for p in rt.spec.ingress[1].ports] == ["metrics"]

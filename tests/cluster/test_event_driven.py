@@ -14,6 +14,7 @@ Events (which other components write cluster-wide) are compared in the test name
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,11 +36,13 @@ from .kube import (
     container_of,
     create,
     deployment,
+    engine_deployment,
     expected,
     get_cr,
     kubectl,
     patch_spec,
     seed,
+    serving,
     wait_cr,
     wait_ready,
 )
@@ -152,12 +155,13 @@ def test_children_deleted_or_edited_by_hand_are_repaired_without_a_timer(
     ns, name = namespace, "hand"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
+    g = serving(api_client, ns, name)
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
-    dep = deployment(api_client, ns, f"{name}-decode")
+    dep = deployment(api_client, ns, f"{name}-decode-{g}")
     svc = core.read_namespaced_service(name, ns)
     # a Deployment (has a generation), a Service (has none), a deleted NetworkPolicy
     apps.patch_namespaced_deployment(
-        f"{name}-decode",
+        f"{name}-decode-{g}",
         ns,
         {"spec": {"replicas": 4, "template": {"spec": {"containers": [{"name": "vllm", "args": ["x"]}]}}}},
     )
@@ -165,17 +169,17 @@ def test_children_deleted_or_edited_by_hand_are_repaired_without_a_timer(
     client.NetworkingV1Api(api_client).delete_namespaced_network_policy(f"{name}-router", ns)
 
     def repaired() -> bool:
-        d = deployment(api_client, ns, f"{name}-decode")
+        d = deployment(api_client, ns, f"{name}-decode-{g}")
         s = core.read_namespaced_service(name, ns)
         return (
             d.spec.replicas == 1
             and "--kv-transfer-config" in container_of(d).args
             and s.spec.selector == svc.spec.selector
-            and children(api_client, ns, name) == expected(name)
+            and children(api_client, ns, name) == expected(name, g)
         )
 
     wait_for(repaired, T, what="children repaired")
-    assert deployment(api_client, ns, f"{name}-decode").metadata.uid == dep.metadata.uid
+    assert deployment(api_client, ns, f"{name}-decode-{g}").metadata.uid == dep.metadata.uid
     wait_ready(api_client, ns, name)
 
 
@@ -185,14 +189,17 @@ def test_a_spec_change_updates_and_prunes_without_a_timer(
     ns, name = namespace, "respec"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
-    patch_spec(api_client, ns, name, {"decode": {"replicas": 2}})
+    g = serving(api_client, ns, name)
+    patch_spec(api_client, ns, name, {"decode": {"replicas": 2}})  # not in the engines' templates: in place
     wait_for(
-        lambda: children(api_client, ns, name) == expected(name, PodDisruptionBudget=["{n}-decode"]), T, what="PDB"
+        lambda: children(api_client, ns, name) == expected(name, g, PodDisruptionBudget=["{n}-decode-{g}"]),
+        T,
+        what="PDB",
     )
     cr = wait_cr(api_client, ns, name, lambda c: c["status"]["decode"]["summary"] == "2/2", "decode 2/2")
     assert cr["status"]["observedGeneration"] == cr["metadata"]["generation"]
     patch_spec(api_client, ns, name, {"decode": {"replicas": 1}})
-    wait_for(lambda: children(api_client, ns, name) == expected(name), T, what="PDB pruned")
+    wait_for(lambda: children(api_client, ns, name) == expected(name, g), T, what="PDB pruned")
     wait_cr(api_client, ns, name, lambda c: c["status"]["decode"]["summary"] == "1/1", "decode 1/1")
 
 
@@ -240,8 +247,9 @@ def test_an_idle_operator_writes_nothing_over_two_safety_resyncs(
         assert own["all"] == own_before["hpd_operator_api_requests_total"], (own, own_before)
 
         # the count sees the operator's writes: a deleted child is re-applied (one APPLY on services)
-        client.CoreV1Api(api_client).delete_namespaced_service(f"{names[0]}-prefill", ns)
-        wait_for(lambda: children(api_client, ns, names[0]) == expected(names[0]), T, what="Service back")
+        g = serving(api_client, ns, names[0])
+        client.CoreV1Api(api_client).delete_namespaced_service(f"{names[0]}-prefill-{g}", ns)
+        wait_for(lambda: children(api_client, ns, names[0]) == expected(names[0], g), T, what="Service back")
         assert writes(after, requests(kubeconfig)).get("APPLY services", 0) >= 1
         assert cond(get_cr(api_client, ns, names[0]), "Ready")["status"] == "True"
     finally:
@@ -279,5 +287,91 @@ def test_no_finalizer_and_no_annotation_on_the_cr(
     cr = wait_ready(api_client, ns, name)
     assert not cr["metadata"].get("finalizers")
     assert not [k for k in cr["metadata"].get("annotations") or {} if k.startswith(contract.GROUP)]
-    dep = deployment(api_client, ns, f"{name}-decode")
+    dep = engine_deployment(api_client, ns, name, "decode")
     assert len(dep.metadata.annotations[contract.ANNOTATION_DESIRED_HASH]) == 32
+
+
+def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
+    quiet_operator: Operator, kubeconfig: Path, api_client: client.ApiClient, namespace: str
+) -> None:
+    """Issue #32 item 3: `hostNetwork`, `hostPID`, `privileged`, an added capability, root or an unconfined seccomp
+    profile written into a child by hand is drift like any other (the operator owns those fields: it writes them out, builders/common.py), and the
+    repair does not loop (the apiserver stores the false booleans as absent or false, which drift.mismatch reads as
+    equal): once the pods have rolled, the operator applies no child again."""
+    ns, name = namespace, "sec"
+    create(api_client, ns, seed(name))
+    wait_ready(api_client, ns, name)
+    decode = f"{name}-decode-{serving(api_client, ns, name)}"
+    escalate = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "hostNetwork": True,
+                    "hostPID": True,
+                    "hostIPC": True,
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "securityContext": {
+                                "privileged": True,
+                                "allowPrivilegeEscalation": True,
+                                "capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]},
+                                "runAsNonRoot": False,
+                                "runAsUser": 0,
+                                "seccompProfile": {"type": "Unconfined"},
+                            },
+                        }
+                    ],
+                }
+            }
+        }
+    }
+    out = kubectl(kubeconfig, "-n", ns, "patch", "deployment", decode, "-p", json.dumps(escalate), "-o", "json")
+    patched = json.loads(out.stdout)["spec"]["template"]["spec"]  # what the patch stored (the operator reacts at once)
+    assert patched["hostNetwork"] and patched["containers"][0]["securityContext"]["privileged"]
+    router_patch = {"spec": {"template": {"spec": {"hostNetwork": True, "containers": [{"name": "router",
+                    "securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}]}}}}  # fmt: skip
+    kubectl(kubeconfig, "-n", ns, "patch", "deployment", f"{name}-router", "-p", json.dumps(router_patch))
+
+    def contained(dep: str) -> bool:
+        pod = deployment(api_client, ns, dep).spec.template.spec
+        sc = pod.containers[0].security_context
+        return (
+            not pod.host_network
+            and not pod.host_pid
+            and not pod.host_ipc
+            and sc.privileged is False
+            and sc.allow_privilege_escalation is False
+            and not (sc.capabilities.add or [])
+            and sc.capabilities.drop == ["ALL"]
+            and sc.run_as_non_root is True
+            and sc.run_as_user == 1000
+            and sc.seccomp_profile.type == "RuntimeDefault"
+        )
+
+    wait_for(lambda: contained(decode) and contained(f"{name}-router"), T, what="the hand edits reverted")
+
+    def rolled_out(dep: str) -> bool:  # the edit and its revert each rolled the pods: let that finish first
+        d = deployment(api_client, ns, dep)
+        st = d.status
+        return bool(
+            st.observed_generation == d.metadata.generation
+            and st.updated_replicas == st.replicas == st.ready_replicas == d.spec.replicas
+        )
+
+    wait_for(lambda: rolled_out(decode) and rolled_out(f"{name}-router"), 90, what="the rollouts done")
+    wait_ready(api_client, ns, name)
+
+    def applied() -> float:
+        return op_metrics(quiet_operator)["hpd_operator_objects_applied_total"]
+
+    def settled() -> bool:
+        m = op_metrics(quiet_operator)
+        return m.get("workqueue_depth") == 0.0 and m.get("controller_runtime_active_workers") == 0.0
+
+    wait_for(settled, T, what="the work queue drained")
+    before = applied()
+    hold_until = time.monotonic() + 5
+    while time.monotonic() < hold_until:  # pod and status events keep coming in; no child is applied again
+        assert applied() == before, "the repair repeats"
+        time.sleep(0.5)

@@ -33,14 +33,17 @@ from .kube import (
     container_of,
     create,
     deployment,
+    engine_deployment,
     env_of,
     events,
     expected,
+    generation,
     get_cr,
     hold,
     kubectl,
     patch_spec,
     seed,
+    serving,
     wait_cr,
     wait_ready,
 )
@@ -55,7 +58,8 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
     ns, name = namespace, "nemotron-3-nano"
     create(api_client, ns, seed(name))
     cr = wait_ready(api_client, ns, name)
-    assert children(api_client, ns, name) == expected(name)
+    gen = generation(seed(name), ns)  # generation 1: what render builds for this spec
+    assert children(api_client, ns, name) == expected(name, gen)
     st = cr["status"]
     assert st["observedGeneration"] == cr["metadata"]["generation"]
     assert st["phase"] == "Ready"
@@ -67,8 +71,10 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
     assert cond(cr, "Progressing")["status"] == "False" and cond(cr, "Degraded")["status"] == "False"
     assert any(i["setting"] == "--no-async-scheduling" for i in st["profile"]["injections"])
 
+    assert st["rollout"]["state"] == "Complete" and st["rollout"]["servingHash"] == gen
+    assert st["rollout"]["servingGeneration"] == 1
     for role in contract.ROLES:
-        dep = deployment(api_client, ns, f"{name}-{role}")
+        dep = deployment(api_client, ns, f"{name}-{role}-{gen}")
         c = container_of(dep)
         args, env = list(c.args), env_of(c)
         assert c.command == ["python3", "-m", "hpd_runtime", "launch", "--"]
@@ -90,7 +96,7 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert env[contract.ENV_ROLE] == role
         assert env[contract.ENV_WARMUP_PAIR_CHECK] == ("true" if role == "decode" else "false")
         if role == "decode":
-            assert env[contract.ENV_PREFILL_SERVICE] == f"{name}-prefill.{ns}.svc"
+            assert env[contract.ENV_PREFILL_SERVICE] == f"{name}-prefill-{gen}.{ns}.svc"  # its own generation's
         assert c.resources.limits["nvidia.com/gpu"] == "2"
         assert c.readiness_probe._exec.command == list(contract.PROBE_COMMAND)  # the reason reaches the Event
         assert c.startup_probe._exec.command == list(contract.PROBE_COMMAND)
@@ -108,7 +114,7 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert dep.metadata.owner_references[0].uid == cr["metadata"]["uid"]
         assert dep.metadata.owner_references[0].controller is True
 
-    svc = client.CoreV1Api(api_client).read_namespaced_service(f"{name}-prefill", ns)
+    svc = client.CoreV1Api(api_client).read_namespaced_service(f"{name}-prefill-{gen}", ns)
     assert svc.spec.cluster_ip == "None" and not svc.spec.publish_not_ready_addresses
 
     # pods scheduled onto the kwok GPU nodes
@@ -120,14 +126,18 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert p.spec.node_name in nodes
         assert nodes[p.spec.node_name].metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
 
-    # router: NIXL P/D mode, discovery by instance+component in this namespace, metrics on 0.0.0.0
+    # router: NIXL P/D mode, discovery by instance+component+generation in this namespace, metrics on 0.0.0.0
     r = container_of(deployment(api_client, ns, f"{name}-router"))
     rargs = list(r.args)
     assert "--vllm-pd-disaggregation" in rargs and "--service-discovery" in rargs
     assert arg(rargs, "--service-discovery-port") == "8000"
     assert arg(rargs, "--service-discovery-namespace") == ns
     i = rargs.index("--prefill-selector")
-    assert rargs[i + 1 : i + 3] == [f"{contract.LABEL_INSTANCE}={name}", f"{contract.LABEL_COMPONENT}=prefill"]
+    assert rargs[i + 1 : i + 4] == [
+        f"{contract.LABEL_INSTANCE}={name}",
+        f"{contract.LABEL_COMPONENT}=prefill",
+        f"{contract.LABEL_GENERATION}={gen}",
+    ]
     assert arg(rargs, "--prometheus-host") == "0.0.0.0"
     sa = f"system:serviceaccount:{ns}:{name}-router"
     for verb in ("get", "list", "watch"):
@@ -199,22 +209,25 @@ def test_update_in_place_prune_and_kubectl_scale(
     ns, name = namespace, "upd"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
-    uids = {r: deployment(api_client, ns, f"{name}-{r}").metadata.uid for r in (*contract.ROLES, "router")}
-    patch_spec(
-        api_client,
-        ns,
-        name,
-        {
-            "image": "example.com/vllm:new",
-            "blockSize": 4096,  # passed as written to both roles (a RiskySpec warning on 0.20)
-            "prefill": {"tensorParallelSize": 2, "extraArgs": ["--max-num-seqs", "64"]},  # hetero TP 2 -> 1
-            "decode": {"replicas": 2},
-        },
-    )
+    g1 = serving(api_client, ns, name)
+    shared = {k: deployment(api_client, ns, f"{name}-router").metadata.uid for k in ("router",)}
+    change = {
+        "image": "example.com/vllm:new",
+        "blockSize": 4096,  # passed as written to both roles (a RiskySpec warning on 0.20)
+        "prefill": {"tensorParallelSize": 2, "extraArgs": ["--max-num-seqs", "64"]},  # hetero TP 2 -> 1
+        "decode": {"replicas": 2},
+    }
+    patch_spec(api_client, ns, name, change)
+    # the engines changed: a new generation of both roles (docs/rollouts.md); kwok makes it Ready at once
+    doc = seed(name)
+    for k, v in change.items():
+        doc["spec"][k] = {**doc["spec"][k], **v} if isinstance(v, dict) else v
+    g2 = generation(doc, ns)
+    assert g2 != g1
 
     def updated() -> bool:
-        p = container_of(deployment(api_client, ns, f"{name}-prefill"))
-        d = deployment(api_client, ns, f"{name}-decode")
+        p = container_of(deployment(api_client, ns, f"{name}-prefill-{g2}"))
+        d = deployment(api_client, ns, f"{name}-decode-{g2}")
         return (
             arg(list(p.args), "--tensor-parallel-size") == "2"
             and arg(list(p.args), "--block-size") == "4096"
@@ -225,17 +238,22 @@ def test_update_in_place_prune_and_kubectl_scale(
             and d.spec.replicas == 2
         )
 
-    wait_for(updated, T, what="children updated")
-    # decode at 2 replicas gets a PDB; same objects (UIDs), no duplicates
+    wait_for(updated, T, what="generation 2 built")
+    # generation 1 is gone once generation 2 serves; decode at 2 replicas gets a PDB; the router is the same object
     wait_for(
-        lambda: children(api_client, ns, name) == expected(name, PodDisruptionBudget=["{n}-decode"]), T, what="pdb"
+        lambda: children(api_client, ns, name) == expected(name, g2, PodDisruptionBudget=["{n}-decode-{g}"]),
+        T,
+        what="only generation 2, with its PDB",
     )
-    assert {r: deployment(api_client, ns, f"{name}-{r}").metadata.uid for r in uids} == uids
+    assert serving(api_client, ns, name) == g2
+    assert {k: deployment(api_client, ns, f"{name}-router").metadata.uid for k in shared} == shared
     wait_ready(api_client, ns, name)
+    decode_uid = deployment(api_client, ns, f"{name}-decode-{g2}").metadata.uid
 
     # kubectl scale on the CR scales decode; back to 1 prunes the PDB
+    # (replicas are not in the engines' templates: scaling changes the serving generation's Deployment in place)
     kubectl(kubeconfig, "-n", ns, "scale", f"hpd/{name}", "--replicas=3")
-    wait_for(lambda: deployment(api_client, ns, f"{name}-decode").spec.replicas == 3, T, what="decode scaled to 3")
+    wait_for(lambda: deployment(api_client, ns, f"{name}-decode-{g2}").spec.replicas == 3, T, what="decode at 3")
 
     # The Deployment's readyReplicas (the summary's numerator) counts every ReplicaSet's pods: the summary can read
     # 3/3 while the rollout's old decode pod still counts and the third new one is not there (seen in CI: the scale
@@ -250,7 +268,9 @@ def test_update_in_place_prune_and_kubectl_scale(
     assert scale["status"]["replicas"] == 3 and "component=decode" in scale["status"]["selector"]
     assert cr["spec"]["decode"]["replicas"] == 3
     kubectl(kubeconfig, "-n", ns, "scale", f"hpd/{name}", "--replicas=1")
-    wait_for(lambda: children(api_client, ns, name) == expected(name), T, what="PDB pruned")
+    wait_for(lambda: children(api_client, ns, name) == expected(name, g2), T, what="PDB pruned")
+    assert deployment(api_client, ns, f"{name}-decode-{g2}").metadata.uid == decode_uid
+    assert serving(api_client, ns, name) == g2
     # the Event is posted after the delete: wait for it too
     wait_for(lambda: any(e.reason == "Pruned" for e in events(api_client, ns, name)), T, what="Pruned Event")
     assert any(e.reason == "Updated" for e in events(api_client, ns, name))
@@ -260,21 +280,22 @@ def test_edited_or_deleted_child_is_corrected(operator: Operator, api_client: cl
     ns, name = namespace, "drift"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
+    g = serving(api_client, ns, name)
     apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
-    dep = deployment(api_client, ns, f"{name}-decode")
+    dep = deployment(api_client, ns, f"{name}-decode-{g}")
     body = copy.deepcopy(dep)
     body.spec.template.spec.containers[0].args = ["--model", "tampered"]
     body.spec.replicas = 5
-    apps.replace_namespaced_deployment(f"{name}-decode", ns, body)
-    core.delete_namespaced_service(f"{name}-prefill", ns)
+    apps.replace_namespaced_deployment(f"{name}-decode-{g}", ns, body)
+    core.delete_namespaced_service(f"{name}-prefill-{g}", ns)
 
     def fixed() -> bool:
-        d = deployment(api_client, ns, f"{name}-decode")
-        svc = core.read_namespaced_service(f"{name}-prefill", ns)
+        d = deployment(api_client, ns, f"{name}-decode-{g}")
+        svc = core.read_namespaced_service(f"{name}-prefill-{g}", ns)
         return "--kv-transfer-config" in d.spec.template.spec.containers[0].args and d.spec.replicas == 1 and bool(svc)
 
     wait_for(fixed, T, what="drift corrected")
-    assert deployment(api_client, ns, f"{name}-decode").metadata.uid == dep.metadata.uid
+    assert deployment(api_client, ns, f"{name}-decode-{g}").metadata.uid == dep.metadata.uid
     wait_ready(api_client, ns, name)
 
 
@@ -302,7 +323,8 @@ def test_invalid_spec_is_rejected_with_a_condition_and_an_event_and_touches_noth
     # a valid CR updated to an invalid spec: the old children stay exactly as they were
     create(api_client, ns, seed("good"))
     wait_ready(api_client, ns, "good")
-    before = {r: deployment(api_client, ns, f"good-{r}") for r in contract.ROLES}
+    g = serving(api_client, ns, "good")
+    before = {r: deployment(api_client, ns, f"good-{r}-{g}") for r in contract.ROLES}
     patch_spec(api_client, ns, "good", {"decode": {"tensorParallelSize": 3}, "prefill": {"tensorParallelSize": 3}})
     wait_for(lambda: cond(get_cr(api_client, ns, "good"), "Ready").get("reason") == "InvalidSpec", T, what="invalid")
     cr = wait_cr(
@@ -316,11 +338,11 @@ def test_invalid_spec_is_rejected_with_a_condition_and_an_event_and_touches_noth
 
     def untouched() -> bool:
         for r in contract.ROLES:
-            after = deployment(api_client, ns, f"good-{r}")
+            after = deployment(api_client, ns, f"good-{r}-{g}")
             assert after.metadata.uid == before[r].metadata.uid
             assert after.metadata.generation == before[r].metadata.generation
             assert arg(list(container_of(after).args), "--tensor-parallel-size") == "2"
-        return children(api_client, ns, "good") == expected("good") and not any(
+        return children(api_client, ns, "good") == expected("good", g) and not any(
             children(api_client, ns, "bad").values()
         )
 
@@ -352,7 +374,7 @@ def test_operator_killed_mid_reconcile_converges_without_orphans(
     operator.stop(signal.SIGKILL)
     operator.start()
     wait_ready(api_client, ns, name)
-    assert children(api_client, ns, name) == expected(name)
+    assert children(api_client, ns, name) == expected(name, generation(seed(name), ns))
     rs = client.AppsV1Api(api_client).list_namespaced_replica_set(ns).items
     assert len([r for r in rs if (r.spec.replicas or 0) > 0]) == 3
 
@@ -380,7 +402,7 @@ def test_image_tag_naming_another_vllm_release_is_a_warning_not_a_rejection(
     assert "0.25.1" in warning and "0.20.0" in warning
     assert warning in cond(cr, "Ready")["message"]
     assert "--no-disable-hybrid-kv-cache-manager" in list(
-        container_of(deployment(api_client, ns, f"{name}-decode")).args
+        container_of(engine_deployment(api_client, ns, name, "decode")).args
     )
     assert {r["rule"] for r in cr["status"]["profile"]["rules"]} >= {"no-async-scheduling", "equal-block-size"}
 
@@ -393,9 +415,14 @@ def test_image_tag_naming_another_vllm_release_is_a_warning_not_a_rejection(
     patch_spec(api_client, ns, name, {"image": None, "vllmVersion": "0.25.1"})
     cr = wait_cr(api_client, ns, name, lambda c: c["status"]["profile"].get("vllmVersion") == "0.25.1", "0.25.1")
     assert cr["status"]["profile"].get("warnings", []) == []
-    dep = deployment(api_client, ns, f"{name}-decode")
+
+    # a new generation (0.25.1's flags) serves once kwok made it Ready
+    def serving_decode() -> client.V1Deployment | None:
+        d = engine_deployment(api_client, ns, name, "decode")
+        return d if "--no-disable-hybrid-kv-cache-manager" not in container_of(d).args else None
+
+    dep = wait_for(serving_decode, T, what="the generation of vLLM 0.25.1 serving")
     assert container_of(dep).image == "ghcr.io/hybridpd/vllm-runtime:0.25.1"
-    assert "--no-disable-hybrid-kv-cache-manager" not in list(container_of(dep).args)
 
 
 def test_a_decode_probe_failure_reaches_the_decode_ready_condition(

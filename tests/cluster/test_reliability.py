@@ -39,7 +39,9 @@ from .kube import (
     cond,
     create,
     deployment,
+    engine_deployment,
     expected,
+    generation,
     get_cr,
     hold,
     patch_spec,
@@ -358,12 +360,15 @@ def deployment_mismatches(
     name: str, live: dict[tuple[str, str], list[dict[str, Any]]], spec: dict[str, Any]
 ) -> list[str]:
     out = []
-    deps = {d["metadata"]["name"]: d for d in live.get(("Deployment", name), [])}
+    deps = live.get(("Deployment", name), [])
     want_env = {e["name"]: e["value"] for e in spec.get("env", [])}
     for role in contract.ROLES:
-        dep = deps.get(f"{name}-{role}")
-        if dep is None:
-            continue  # reported with the children
+        # `<name>-<role>-<generation>`: one generation of each role once converged (more, or a wrong one, is
+        # reported with the children: want_children names the spec's generation)
+        found = [d for d in deps if d["metadata"]["name"].startswith(f"{name}-{role}-")]
+        if len(found) != 1:
+            continue
+        (dep,) = found
         if dep["spec"]["replicas"] != spec[role]["replicas"]:
             out.append(f"{name}-{role} replicas {dep['spec']['replicas']} != {spec[role]['replicas']}")
         env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
@@ -461,13 +466,12 @@ def workloads(api: client.ApiClient, ns: str, problems: list[str]) -> str:
     names = sorted({p.split()[0] for p in problems if p.startswith("drill-")})[:5]
     lines = []
     for name in names:
+        sel = f"{contract.LABEL_INSTANCE}={name}"
+        for d in client.AppsV1Api(api).list_namespaced_deployment(ns, label_selector=sel).items:
+            st = d.status
+            lines.append(f"{d.metadata.name}: replicas {st.replicas} ready {st.ready_replicas} updated "
+                         f"{st.updated_replicas} observedGeneration {st.observed_generation}")  # fmt: skip
         for role in (*contract.ROLES, contract.COMPONENT_ROUTER):
-            try:
-                st = deployment(api, ns, f"{name}-{role}").status
-                lines.append(f"{name}-{role}: replicas {st.replicas} ready {st.ready_replicas} updated "
-                             f"{st.updated_replicas} observedGeneration {st.observed_generation}")  # fmt: skip
-            except client.ApiException as e:
-                lines.append(f"{name}-{role}: {e.status}")
             lines += [
                 f"  pod {p.metadata.name} node {p.spec.node_name} ready {pod_ready(p)} phase {p.status.phase}"
                 for p in pods_of(api, ns, name, role)
@@ -494,12 +498,14 @@ def test_apiserver_restart_watches_resume_and_a_new_cr_is_reconciled(
     ns = namespace
     op = make_operator(QUIET_RESYNC)
     create(api_client, ns, seed("before"))
-    wait_for(lambda: children(api_client, ns, "before") == expected("before"), T, what="children of `before`")
+    gb = generation(seed("before"), ns)
+    wait_for(lambda: children(api_client, ns, "before") == expected("before", gb), T, what="children of `before`")
 
     cluster.restart(devcluster, "kube-apiserver")
     back = time.monotonic()
     create(api_client, ns, seed("after"))
-    wait_for(lambda: children(api_client, ns, "after") == expected("after"), 120, what="children of `after`")
+    ga = generation(seed("after"), ns)
+    wait_for(lambda: children(api_client, ns, "after") == expected("after", ga), 120, what="children of `after`")
     children_s = time.monotonic() - back
     # its pods' and Deployments' events reach its status (the child and pod watches resumed as well)
     cr = wait_cr(api_client, ns, "after", is_ready, "`after` Ready", timeout=120)
@@ -508,10 +514,10 @@ def test_apiserver_restart_watches_resume_and_a_new_cr_is_reconciled(
 
     # the watch on existing CRs resumed too: a spec change after the restart reaches the children
     patch_spec(api_client, ns, "before", {"decode": {"replicas": 2}})
-    wait_for(lambda: deployment(api_client, ns, "before-decode").spec.replicas == 2, T, what="`before` updated")
+    wait_for(lambda: deployment(api_client, ns, f"before-decode-{gb}").spec.replicas == 2, T, what="`before` updated")
     t_patch = time.monotonic()
     wait_for(
-        lambda: children(api_client, ns, "before") == expected("before", PodDisruptionBudget=["{n}-decode"]),
+        lambda: children(api_client, ns, "before") == expected("before", gb, PodDisruptionBudget=["{n}-decode-{g}"]),
         T,
         what="the PDB of `before`",
     )
@@ -612,7 +618,7 @@ def test_a_replaced_prefill_pod_moves_status_and_leaves_decode_pods_alone(
     create(api_client, ns, doc)
     wait_cr(api_client, ns, name, is_ready, "Ready", timeout=60)
     decode_uids = {p.metadata.uid for p in pods_of(api_client, ns, name, "decode")}
-    decode_gen = deployment(api_client, ns, f"{name}-decode").metadata.generation
+    decode_gen = engine_deployment(api_client, ns, name, "decode").metadata.generation
     (old,) = pods_of(api_client, ns, name, "prefill")
 
     # kwok makes a scheduled pod Ready at once; cordoning the prefill node holds the replacement not Ready (the
@@ -631,7 +637,7 @@ def test_a_replaced_prefill_pod_moves_status_and_leaves_decode_pods_alone(
         assert cond(cr, "PrefillReady")["status"] == "False" and cond(cr, "Ready")["status"] == "False"
         assert cond(cr, "DecodeReady")["status"] == "True", cond(cr, "DecodeReady")
         assert {p.metadata.uid for p in pods_of(api_client, ns, name, "decode")} == decode_uids
-        return bool(deployment(api_client, ns, f"{name}-decode").metadata.generation == decode_gen)
+        return bool(engine_deployment(api_client, ns, name, "decode").metadata.generation == decode_gen)
 
     hold(decode_untouched, 3.0, "during the gap: decode pods and Deployment untouched, status names prefill")
 
@@ -641,4 +647,4 @@ def test_a_replaced_prefill_pod_moves_status_and_leaves_decode_pods_alone(
     assert new.metadata.uid != old.metadata.uid and pod_ready(new)
     assert cond(get_cr(api_client, ns, name), "PrefillReady")["status"] == "True"
     assert {p.metadata.uid for p in pods_of(api_client, ns, name, "decode")} == decode_uids
-    assert deployment(api_client, ns, f"{name}-decode").metadata.generation == decode_gen
+    assert engine_deployment(api_client, ns, name, "decode").metadata.generation == decode_gen

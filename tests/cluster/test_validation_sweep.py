@@ -270,9 +270,9 @@ def outcome(api: client.ApiClient, ns: str, c: Case) -> str | None:
         if cond["type"] == "Ready" and cond.get("reason") == "InvalidSpec":
             return "invalid:" + str(cond.get("message"))
     sel = f"{contract.LABEL_INSTANCE}={c.name}"
-    deps = {d.metadata.name for d in client.AppsV1Api(api).list_namespaced_deployment(ns, label_selector=sel).items}
-    want = {f"{c.name}-prefill", f"{c.name}-decode", f"{c.name}-router"}
-    return "children" if want <= deps else None
+    deps = client.AppsV1Api(api).list_namespaced_deployment(ns, label_selector=sel).items
+    made = {d.metadata.labels.get(contract.LABEL_COMPONENT) for d in deps}  # engines of one generation, the router
+    return "children" if made >= {"prefill", "decode", contract.COMPONENT_ROUTER} else None
 
 
 def judge(c: Case, result: str) -> str | None:

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpd_operator.api.rules import FORBIDDEN_CONTAINER_FIELDS, FORBIDDEN_POD_FIELDS, FORBIDDEN_VOLUME_FIELDS
+from hpd_operator.api.rules import (
+    FORBIDDEN_CONTAINER_FIELDS,
+    FORBIDDEN_POD_FIELDS,
+    FORBIDDEN_PROJECTION_FIELDS,
+    FORBIDDEN_VOLUME_FIELDS,
+)
 
 M = {"name": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"}
 
@@ -140,6 +145,8 @@ def _refused(where: str, name: str) -> dict[str, Any]:
         pod = {name: value}
     elif where == "container":
         pod = {"containers": [{"name": "vllm", name: value}]}
+    elif where == "projection":
+        pod = {"volumes": [{"name": "v", "projected": {"sources": [{"configMap": {"name": "c"}}, {name: value}]}}]}
     else:
         pod = {"volumes": [{"name": "v", name: value}]}
     return {"model": M, "prefill": {"podTemplate": {"spec": pod}}}
@@ -158,12 +165,50 @@ BAD_SPECS += [
     for n in FORBIDDEN_VOLUME_FIELDS
 ]
 
+BAD_SPECS += [
+    (
+        f"podTemplate.spec.volumes[].projected.sources[]-{n}-not-allowed",
+        _refused("projection", n),
+        f"sources[].{n} may not be set",
+    )
+    for n in FORBIDDEN_PROJECTION_FIELDS
+]
+_TOKEN = {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}
+BAD_SPECS += [
+    (
+        "podTemplate.spec.volumes[].projected.sources[]-serviceAccountToken-not-allowed",
+        {"model": M, "decode": {"podTemplate": {"spec": {"volumes": [{"name": "t", "projected": {"sources": [_TOKEN]}}]}}}},
+        "engine pods get no ServiceAccount token",
+    ),
+    *[
+        (
+            "pod-template-no-security-annotations",
+            {"model": M, "decode": {"podTemplate": {"metadata": {"annotations": {"team": "a", key: value}}}}},
+            "may not choose a security profile",
+        )
+        for key, value in (
+            ("container.apparmor.security.beta.kubernetes.io/vllm", "unconfined"),
+            ("seccomp.security.alpha.kubernetes.io/pod", "unconfined"),
+            ("container.seccomp.security.alpha.kubernetes.io/vllm", "unconfined"),
+        )
+    ],
+    *[
+        (
+            "pod-template-no-system-priority",
+            {"model": M, "prefill": {"podTemplate": {"spec": {"priorityClassName": name}}}},
+            "may not name a `system-*` PriorityClass",
+        )
+        for name in ("system-node-critical", "system-cluster-critical", "system-anything")
+    ],
+]  # fmt: skip
+
 BAD_NAMES: list[tuple[str, str, str]] = [
     ("name-dns-1035", "a.b", "must be a DNS-1035 label"),
     ("name-dns-1035", "1a", "must be a DNS-1035 label"),
     ("name-dns-1035", "a" * 56, "must be a DNS-1035 label"),
     ("name-no-child-suffix", "a-prefill", "may not end in -prefill"),
     ("name-no-child-suffix", "a-router", "may not end in -prefill"),
+    ("name-no-generation-suffix", "a-prefill-1a2b3c4d", "may not end in -prefill-<8 hex digits>"),
 ]
 """(rule id, metadata.name, substring of the apiserver's error)."""
 
@@ -178,12 +223,28 @@ GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
                 "affinity": {"nodeAffinity": {}},
                 "resources": {"limits": {"cpu": "500m"}},
                 "podTemplate": {
-                    "metadata": {"labels": {"team": "a"}},
+                    "metadata": {"labels": {"team": "a"}, "annotations": {"example.com/owner": "team-a"}},
                     "spec": {
                         "runtimeClassName": "nvidia",
                         "priorityClassName": "high",
                         "containers": [{"name": "vllm", "imagePullPolicy": "Always"}],
-                        "volumes": [{"name": "v", "emptyDir": {}}],
+                        "volumes": [
+                            {"name": "v", "emptyDir": {}},
+                            {
+                                "name": "p",
+                                "projected": {
+                                    "defaultMode": 420,
+                                    "sources": [
+                                        {"configMap": {"name": "c"}},
+                                        {
+                                            "downwardAPI": {
+                                                "items": [{"path": "l", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                                            }
+                                        },
+                                    ],
+                                },
+                            },
+                        ],
                     },
                 },
             },

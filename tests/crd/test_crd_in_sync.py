@@ -97,9 +97,8 @@ def test_crd_identity_subresources_and_columns(crd: dict[str, Any]) -> None:
         "statusReplicasPath": ".status.decode.replicas",
         "labelSelectorPath": ".status.decode.selector",
     }
-    assert [c["name"] for c in v["additionalPrinterColumns"]] == [
-        "Ready", "Prefill", "Decode", "Prefill-Scaler", "Decode-Scaler", "Endpoint", "Age",
-    ]  # fmt: skip
+    columns = ["Ready", "Prefill", "Decode", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Endpoint", "Age"]
+    assert [c["name"] for c in v["additionalPrinterColumns"]] == columns
 
 
 def test_cel_rules_present(crd: dict[str, Any]) -> None:

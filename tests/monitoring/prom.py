@@ -43,6 +43,52 @@ def camel_to_snake(relabelings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{keys.get(k, k): v for k, v in r.items()} for r in relabelings]
 
 
+def pod_label_meta(label: str) -> str:
+    """`__meta_kubernetes_pod_label_<label>` as Prometheus' pod discovery names it."""
+    return "__meta_kubernetes_pod_label_" + "".join(ch if ch.isalnum() else "_" for ch in label)
+
+
+def pod_monitor_scrape_configs(monitor: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scrape jobs the Prometheus Operator generates for `monitor` (its generatePodMonitorConfig, v0.8x), with
+    static loopback targets standing in for pod discovery. One job per podMetricsEndpoint, named
+    `podMonitor/<ns>/<name>/<i>`, scraping the endpoint's `path` on the pod's port of that name; its target labels
+    are set in the operator's order: `namespace`, `container`, `pod` from discovery, `job` = `<ns>/<name>`,
+    `endpoint` = the port name, then the endpoint's own relabelings. Each pod: {"labels": {...}, "namespace",
+    "pod", "container", "ports": {port name: loopback port}}."""
+    md = monitor["metadata"]
+    jobs = []
+    for i, ep in enumerate(monitor["spec"]["podMetricsEndpoints"]):
+        targets = [
+            {
+                "targets": [f"{LOOPBACK}:{pod['ports'][ep['port']]}"],
+                "labels": {
+                    **{pod_label_meta(k): v for k, v in pod["labels"].items()},
+                    "__meta_kubernetes_namespace": pod["namespace"],
+                    "__meta_kubernetes_pod_name": pod["pod"],
+                    "__meta_kubernetes_pod_container_name": pod["container"],
+                },
+            }
+            for pod in pods
+        ]
+        relabel: list[dict[str, Any]] = [
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"target_label": "job", "replacement": f"{md['namespace']}/{md['name']}"},
+            {"target_label": "endpoint", "replacement": ep["port"]},
+            *camel_to_snake(ep.get("relabelings", [])),
+        ]
+        jobs.append(
+            {
+                "job_name": f"podMonitor/{md['namespace']}/{md['name']}/{i}",
+                "metrics_path": ep.get("path", "/metrics"),
+                "static_configs": targets,
+                "relabel_configs": relabel,
+            }
+        )
+    return jobs
+
+
 class Prometheus:
     """`prometheus` with a generated config (static loopback targets), its own TSDB dir, stopped by `stop()`."""
 

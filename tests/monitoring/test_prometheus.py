@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ from hpd_operator.monitoring import dashboard, rules
 from hpd_operator.render import render
 from hpd_runtime import contract as c
 
-from .prom import LOOPBACK, Prometheus, camel_to_snake, free_port
+from .prom import LOOPBACK, Prometheus, free_port, pod_monitor_scrape_configs
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -100,8 +101,10 @@ class Procs:
                     p.wait(timeout=10)
 
 
-def _engine(procs: Procs, role: str, workdir: Path) -> tuple[int, int]:
-    """One engine 'pod': hpd_runtime launch + the vLLM stand-in (role from --kv-transfer-config, as in vLLM)."""
+def _engine(procs: Procs, role: str, workdir: Path, prefill: tuple[int, int] | None = None) -> tuple[int, int]:
+    """One engine 'pod': hpd_runtime launch + the vLLM stand-in (role from --kv-transfer-config, as in vLLM). A decode
+    given its `prefill` (vLLM port, runtime port) runs the pair check and the canary against it (on loopback: the
+    "Service" is its address), so the data-path series exist."""
     vllm_port, runtime_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -121,19 +124,29 @@ def _engine(procs: Procs, role: str, workdir: Path) -> tuple[int, int]:
     }
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": KV[role]})
     argv = [sys.executable, "-m", "hpd_runtime", "launch", "--", "fake-model", "--port", str(vllm_port)]
+    if prefill is not None:
+        env |= {
+            c.ENV_WARMUP_PAIR_CHECK: "true",
+            c.ENV_PREFILL_SERVICE: LOOPBACK,
+            c.ENV_PREFILL_PORT: str(prefill[0]),
+            c.ENV_PREFILL_RUNTIME_PORT: str(prefill[1]),
+            c.ENV_CANARY_SECONDS: "2",
+            c.ENV_KV_FABRIC: "tcp",
+        }
+        argv.append("--enable-prompt-tokens-details")
     procs.start(f"engine-{role}", [*argv, "--kv-transfer-config", kv], env)
     return vllm_port, runtime_port
 
 
-def _target(port: int, component: str, namespace: str, pod: str) -> dict[str, Any]:
-    """A static target labelled like the pod a PodMonitor discovers (the meta labels vanish after relabeling)."""
+def _pod(component: str, namespace: str, ports: dict[str, int]) -> dict[str, Any]:
+    """A pod as a PodMonitor discovers it: its labels, name, container and named container ports (on loopback)."""
+    container = "router" if component == "router" else "vllm"
     return {
-        "targets": [f"{LOOPBACK}:{port}"],
-        "labels": {
-            "__meta_kubernetes_pod_label_app_kubernetes_io_component": component,
-            "namespace": namespace,
-            "pod": pod,
-        },
+        "labels": {c.LABEL_COMPONENT: component, c.LABEL_INSTANCE: CR_NAME},
+        "namespace": namespace,
+        "pod": f"{CR_NAME}-{component}-0",
+        "container": container,
+        "ports": ports,
     }
 
 
@@ -162,15 +175,14 @@ def _create_cr(api: client.ApiClient, kubeconfig: Path, namespace: str) -> None:
     client.CustomObjectsApi(api).create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, doc)
 
 
-def _pod_monitor_relabelings(namespace: str) -> list[dict[str, Any]]:
-    """The relabelings of the PodMonitors the operator applies for the seed CR (one list for every endpoint)."""
+def _pod_monitors(namespace: str) -> dict[str, dict[str, Any]]:
+    """The PodMonitors the operator applies for the seed CR, by component (`engines`, `router`)."""
     doc = yaml.safe_load(SEED.read_text())
     doc["metadata"] = {"name": CR_NAME, "namespace": namespace}
     doc["spec"]["monitoring"] = {"podMonitor": True}
-    monitors = [m for m in render([doc]) if m["kind"] == "PodMonitor"]
-    lists = [ep["relabelings"] for m in monitors for ep in m["spec"]["podMetricsEndpoints"]]
-    assert len(monitors) == 2 and all(x == lists[0] for x in lists), lists
-    return list(lists[0])
+    monitors = {m["metadata"]["labels"][c.LABEL_COMPONENT]: m for m in render([doc]) if m["kind"] == "PodMonitor"}
+    assert sorted(monitors) == ["engines", "router"], monitors
+    return monitors
 
 
 def _cr_phase(api: client.ApiClient, namespace: str) -> str | None:
@@ -188,7 +200,8 @@ def stack(
     prom: Prometheus | None = None
     scaler: adapter.Adapter | None = None
     try:
-        engines = {role: _engine(procs, role, workdir) for role in ("prefill", "decode")}
+        engines = {"prefill": _engine(procs, "prefill", workdir)}
+        engines["decode"] = _engine(procs, "decode", workdir, prefill=engines["prefill"])
         router_port, router_metrics = free_port(), free_port()
         procs.start(
             "router",
@@ -217,17 +230,17 @@ def stack(
             ],
         )
         op_port = _operator(procs, kubeconfig, namespace)
-        relabel = camel_to_snake(_pod_monitor_relabelings(namespace))
-        engine_targets = [
-            _target(port, role, namespace, f"{CR_NAME}-{role}-0") for role, ports in engines.items() for port in ports
+        # Scraped as the Prometheus Operator scrapes the operator's PodMonitors: each endpoint's port and path
+        # (vLLM's metrics through the runtime port's /vllm/metrics, never vLLM's API port) and relabelings.
+        monitors = _pod_monitors(namespace)
+        engine_pods = [
+            _pod(role, namespace, {c.PORT_NAME_HTTP: vllm, c.PORT_NAME_RUNTIME: rt})
+            for role, (vllm, rt) in engines.items()
         ]
+        router_pods = [_pod("router", namespace, {c.PORT_NAME_ROUTER_METRICS: router_metrics})]
         scrape = [
-            {"job_name": "engines", "static_configs": engine_targets, "relabel_configs": relabel},
-            {
-                "job_name": "router",
-                "static_configs": [_target(router_metrics, "router", namespace, f"{CR_NAME}-router-0")],
-                "relabel_configs": relabel,
-            },
+            *pod_monitor_scrape_configs(monitors["engines"], engine_pods),
+            *pod_monitor_scrape_configs(monitors["router"], router_pods),
             {  # like the chart's ServiceMonitor: honorLabels keeps the operator's per-CR namespace label
                 "job_name": "operator",
                 "honor_labels": True,
@@ -362,6 +375,25 @@ def test_every_target_is_up_and_relabeled_with_role_and_cr(stack: Stack) -> None
     assert all(t["labels"].get("hybridpddeployment") == CR_NAME for t in targets if t["labels"]["job"] != "operator")
     got = stack.prom.query(f'count by (role) (vllm:num_requests_running{{hybridpddeployment="{CR_NAME}"}})')
     assert sorted(r["metric"]["role"] for r in got["data"]["result"]) == ["decode", "prefill"]
+
+
+def test_vllm_metrics_come_from_the_runtime_port_and_each_target_keeps_its_own_up_series(stack: Stack) -> None:
+    """No scrape reaches vLLM's API port (it serves completions; the NetworkPolicy admits Prometheus on the runtime
+    port only), and the two targets sharing that port stay two series: `up` once per pod and endpoint."""
+    targets = wait_for(lambda: _all_up(stack.prom), 30, what="every scrape target up")
+    vllm_ports = {urlsplit(url).port for url in stack.fakes.values()}
+    engine_urls = [urlsplit(t["scrapeUrl"]) for t in targets if t["labels"].get("role") in ("prefill", "decode")]
+    assert sorted(u.path for u in engine_urls) == ["/metrics", "/metrics", "/vllm/metrics", "/vllm/metrics"]
+    assert not [u for u in engine_urls if u.port in vllm_ports], engine_urls
+    up = stack.prom.query('up{role=~"prefill|decode"}')["data"]["result"]
+    assert sorted((r["metric"]["pod"], r["metric"]["endpoint"], r["value"][1]) for r in up) == [
+        (f"{CR_NAME}-decode-0", "runtime", "1"),
+        (f"{CR_NAME}-decode-0", "vllm", "1"),
+        (f"{CR_NAME}-prefill-0", "runtime", "1"),
+        (f"{CR_NAME}-prefill-0", "vllm", "1"),
+    ]
+    running = stack.prom.query("vllm:num_requests_running")["data"]["result"]
+    assert {r["metric"]["endpoint"] for r in running} == {"vllm"}
 
 
 def test_operator_series_describe_the_cr_under_its_own_namespace(stack: Stack) -> None:

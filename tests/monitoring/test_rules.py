@@ -40,7 +40,31 @@ class Case:
     labels: dict[str, str]
 
 
+RT = f'{CR},role="decode",pod="cr-decode-0"'
+"""The runtime's series (scraped on the runtime port: no vLLM model_name/engine labels)."""
+
 CASES: dict[str, Case] = {
+    "HPDKVPathBelowFabricFloor": Case(
+        "15m",
+        [(f'hpd_runtime_kv_transfer_below_floor{{{RT},fabric="rdma"}}', "1x20")],
+        [(f'hpd_runtime_kv_transfer_below_floor{{{RT},fabric="rdma"}}', "0x20")],
+        DECODE_POD,
+    ),
+    "HPDCanaryFailing": Case(
+        "5m",
+        [
+            (f'hpd_runtime_canary_checks_total{{{RT},result="ok"}}', "0 1 2 2 2 2"),
+            (f'hpd_runtime_canary_checks_total{{{RT},result="differs"}}', "0 0 0 1 1 1"),
+        ],
+        [(f'hpd_runtime_canary_checks_total{{{RT},result="ok"}}', "0+1x6")],
+        DECODE_POD,
+    ),
+    "HPDCanaryStale": Case(
+        "40m",
+        [(f'hpd_runtime_canary_last_success_timestamp_seconds{{{RT},prefill="10.0.0.1:8000"}}', "0x45")],
+        [(f'hpd_runtime_canary_last_success_timestamp_seconds{{{RT},prefill="10.0.0.1:8000"}}', "0+60x45")],
+        DECODE_POD,
+    ),
     "HPDNixlTransfersFailing": Case(
         "6m",
         [(f"vllm:nixl_num_failed_transfers_total{{{D}}}", "0 0 0 2 4 6 8")],

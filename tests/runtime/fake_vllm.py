@@ -16,6 +16,11 @@ it through HPD_VLLM_COMMAND exactly as it starts vLLM, plus its own knobs:
                           on the H200 when a P->D answer had NaN logprobs); also POST /_control {"pd_output"}
   --enable-prompt-tokens-details   report usage.prompt_tokens_details.cached_tokens, like vLLM
   --token-delay S         streaming: sleep S between generated tokens (a decode step)
+  --generation G          the generation (docs/rollouts.md) this engine belongs to: prefill names it in the
+                          kv_transfer_params it returns (remote_engine_id `fake-engine-G-PORT`); every answer says
+                          `system_fingerprint: "prefill=P decode=G"` (P: the prefill's generation, `none` without a
+                          transfer); a decode given KV from another generation answers as a layout mismatch would
+                          (wrong-tokens: other ids, logprobs 3 nats lower), so its pair check refuses that pair
 
 Prompts are token ids, or text in the bench word tokenizer's form (bench/gpu/word_tokenizer.py: `tN` is token N), as
 `vllm bench serve --dataset-name random` sends them. `"stream": true` answers as vLLM does: server-sent events, one
@@ -24,7 +29,8 @@ Prompts are token ids, or text in the bench word tokenizer's form (bench/gpu/wor
 Endpoints: GET /health, POST /v1/completions (kv_transfer_params in and out, like vLLM 0.20 with NIXL),
 GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv + env), POST /_control
 ({"health": 500} flips /health; {"fail": "completions"|null}; {"metrics": {...}} see vllm_metrics.control),
-GET /metrics (vLLM 0.20's metric names and labels, from vllm_metrics.py).
+GET /metrics (vLLM 0.20's metric names and labels, from vllm_metrics.py). Listens on --host and, like vLLM on
+every address of its pod, on HPD_POD_IP when that is set and differs.
 Shutdown as vLLM 0.20 (--shutdown-timeout: 0 aborts in-flight requests on SIGTERM, N finishes them and refuses new
 ones); --hold-kv (prefill keeps each KV until decode reads GET /_kv/<id>), --pull-kv-delay S (decode reads it after S).
 """
@@ -117,7 +123,11 @@ class FakeVLLM:
             return 400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}}
         if from_prefill and self.ns.pull_kv_delay is not None and not self.pull_kv(kv_in):
             return 500, {"error": {"message": "KV load failed: the prefill holding it is gone", "code": 500}}
-        ids, lps = sampled(prompt, n, self.pd_output if from_prefill else "local")
+        source = prefill_generation(kv_in) if from_prefill else "none"
+        mode = self.pd_output if from_prefill else "local"
+        if from_prefill and self.ns.generation and source != self.ns.generation:
+            mode = "wrong-tokens"  # KV written by another generation's engine: another layout, another model
+        ids, lps = sampled(prompt, n, mode)
         resp: dict[str, Any] = {
             "id": f"cmpl-{request_id or uuid.uuid4().hex}",
             "object": "text_completion",
@@ -127,6 +137,8 @@ class FakeVLLM:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
             "kv_transfer_params": None,
         }
+        if self.ns.generation:
+            resp["system_fingerprint"] = f"prefill={source} decode={self.ns.generation}"
         if body.get("return_token_ids"):
             resp["choices"][0]["token_ids"] = ids
         if body.get("logprobs"):
@@ -140,7 +152,9 @@ class FakeVLLM:
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
                 "remote_block_ids": [[1, 2, 3]],
-                "remote_engine_id": f"fake-engine-{self.ns.port}",
+                "remote_engine_id": f"fake-engine-{self.ns.generation}-{self.ns.port}"
+                if self.ns.generation
+                else f"fake-engine-{self.ns.port}",
                 "remote_request_id": f"prefill-{request_id}",
                 "remote_host": "127.0.0.1",
                 "remote_port": 5600,
@@ -152,6 +166,13 @@ class FakeVLLM:
         return 200, resp
 
 
+def prefill_generation(kv: Any) -> str:
+    """The generation a prefill's kv_transfer_params come from (`fake-engine-G-PORT`), `unknown` otherwise."""
+    engine = str((kv or {}).get("remote_engine_id") or "")
+    parts = engine.split("-")
+    return parts[2] if engine.startswith("fake-engine-") and len(parts) == 4 else "unknown"
+
+
 def word_ids(text: str) -> list[int]:
     """The bench word tokenizer's encoding (bench/gpu/word_tokenizer.py): `tN` -> N, any other word -> 0 (`<unk>`)."""
     return [int(w[1:]) if w[:1] == "t" and w[1:].isdigit() else 0 for w in text.split()]
@@ -161,7 +182,7 @@ def stream_chunks(resp: dict[str, Any], include_usage: bool) -> list[dict[str, A
     """A completion answer as vLLM streams it: one chunk per token (the last carries finish_reason), then usage."""
     choice = resp["choices"][0]
     ids = choice.get("token_ids") or [0] * int(resp["usage"]["completion_tokens"])
-    head = {k: resp[k] for k in ("id", "object", "created", "model")}
+    head = {k: resp[k] for k in ("id", "object", "created", "model", "system_fingerprint") if k in resp}
     out = []
     for i, t in enumerate(ids):
         last = i == len(ids) - 1
@@ -306,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shutdown-timeout", type=int, default=0)
     p.add_argument("--hold-kv", action="store_true", help="prefill: keep each request's KV until decode pulls it")
     p.add_argument("--pull-kv-delay", type=float, default=None, help="decode: pull the KV from prefill after this")
+    p.add_argument("--generation", default=None)
     ns, _unknown = p.parse_known_args(argv)
     app_ref: list[FakeVLLM] = []
 
@@ -337,10 +359,18 @@ def main(argv: list[str] | None = None) -> int:
     app = FakeVLLM(ns)
     app_ref.append(app)
     http.server.ThreadingHTTPServer.request_queue_size = 64  # the warmup's batch step opens 16 connections at once
-    httpd = http.server.ThreadingHTTPServer((ns.host, ns.port), make_handler(app))
-    httpd.daemon_threads = True
-    print(f"fake vLLM listening on {ns.host}:{ns.port}", flush=True)
-    httpd.serve_forever()
+    # vLLM binds every address of its pod; a pod address other than --host (HPD_POD_IP, e.g. the GPU bench's second
+    # decode pod on 127.0.0.2) is served too
+    hosts = [ns.host, *([pod_ip] if (pod_ip := os.environ.get("HPD_POD_IP", "")) and pod_ip != ns.host else [])]
+    servers = []
+    for host in hosts:
+        httpd = http.server.ThreadingHTTPServer((host, ns.port), make_handler(app))
+        httpd.daemon_threads = True
+        servers.append(httpd)
+    for httpd in servers[1:]:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    print(f"fake vLLM listening on {', '.join(hosts)} port {ns.port}", flush=True)
+    servers[0].serve_forever()
     return 0
 
 

@@ -153,6 +153,27 @@ def test_metrics_after_warmup(launch: Any) -> None:
         assert name in text
 
 
+def _series_names(exposition: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in exposition.splitlines() if line and line[0] != "#"}
+
+
+def test_vllm_metrics_come_through_the_runtime_port_and_completions_do_not(launch: Any) -> None:
+    """Prometheus scrapes vLLM at runtime:/vllm/metrics (the PodMonitor's vLLM endpoint): the same series vLLM serves,
+    while a completion sent to the runtime port never reaches vLLM."""
+    ln = launch(**{c.ENV_WARMUP_ENABLED: "false"})
+    wait_until(lambda: ln.status(c.PATH_READYZ) == 200, timeout=60, what="/readyz 200")
+    status, relayed = http("GET", ln.runtime + c.PATH_VLLM_METRICS)
+    _, direct = http("GET", ln.vllm + c.PATH_METRICS)
+    assert status == 200 and "vllm:num_requests_running" in relayed
+    assert _series_names(relayed) == _series_names(direct)
+    before = len(ln.fake_requests())
+    body = {"model": "fake-model", "prompt": [1, 2, 3], "max_tokens": 1}
+    for path in ("/v1/completions", c.PATH_VLLM_METRICS, "/vllm/v1/completions"):
+        assert http("POST", ln.runtime + path, body)[0] == 501, path
+    assert http("GET", ln.runtime + "/v1/models")[0] == 404
+    assert len(ln.fake_requests()) == before, "nothing sent to the runtime port reached vLLM's API"
+
+
 def test_warmup_failure_keeps_readyz_503_and_says_why(launch: Any) -> None:
     ln = launch("--fail", "completions", **{c.ENV_WARMUP_TIMEOUT_SECONDS: "1"})
     (failed,) = wait_until(lambda: ln.events("warmup_failed"), timeout=60, what="warmup_failed log line")

@@ -19,7 +19,7 @@ from hpd_runtime.pairing import RESTART_AFTER_FAILURES, PairMonitor
 from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState, evaluate_readiness
 from hpd_runtime.warmup import Warmup
 
-from .conftest import LOOPBACK, REPO, Fake, free_port, http
+from .conftest import LOOPBACK, REPO, Fake, free_port, http, wait_until
 
 # --- the comparison (pure) ---------------------------------------------------------------------------------------
 
@@ -300,3 +300,33 @@ def test_a_prefill_restart_is_rechecked_after_the_warmup_timeout_has_passed(star
     wu.monitor.step()
     ready, why = evaluate_readiness(state, cfg)
     assert not ready and why.startswith(pc.DIFFERS), why
+
+
+@pytest.mark.parametrize(("canary", "poll"), [("5", 5.0), ("0", 10.0), ("300", 10.0), ("0.5", 0.5)])
+def test_the_monitor_polls_at_least_as_often_as_the_canary_period(
+    start_fake: Callable[..., Fake], canary: str, poll: float
+) -> None:
+    """The canary runs from the monitor's poll (every HPD_PAIR_RECHECK_SECONDS, 10 s by default): a canary period
+    shorter than the poll ran on the poll's period instead of its own."""
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    wu, _ = warm(decode_cfg(decode, **{c.ENV_CANARY_SECONDS: canary}), Peers(prefill))
+    assert wu.monitor is not None and wu.monitor.poll_seconds() == poll
+
+
+def test_a_running_monitor_fires_the_canary_on_its_own_period(start_fake: Callable[..., Fake]) -> None:
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details")
+    wu, state = warm(decode_cfg(decode, **{c.ENV_CANARY_SECONDS: "0.3"}), Peers(prefill))
+    assert wu.monitor is not None
+    thread = threading.Thread(target=wu.monitor.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (state.metrics.registry.get_sample_value("hpd_runtime_canary_checks_total", {"result": "ok"})
+                     or 0) >= 3,
+            timeout=8, what="three canaries from the running monitor",
+        )  # fmt: skip
+    finally:
+        wu.stop.set()
+        thread.join(10)

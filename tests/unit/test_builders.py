@@ -11,7 +11,7 @@ import yaml
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import short_name
-from hpd_operator.builders import build_all
+from hpd_operator.builders import build_all, generation_hash
 from hpd_operator.builders.engine import MODEL_LOAD_ALLOWANCE_SECONDS, startup_failure_threshold
 from hpd_operator.profile import compute_profile
 from hpd_operator.validation import validate
@@ -37,8 +37,16 @@ def build(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return build_all(cr, compute_profile(validate(cr)))
 
 
+def without_generation(obj: dict[str, Any]) -> str:
+    """An object's name without its generation's suffix: `<cr>-prefill` for `<cr>-prefill-<hash>`."""
+    name: str = obj["metadata"]["name"]
+    gen = obj["metadata"].get("labels", {}).get(contract.LABEL_GENERATION)
+    return name.removesuffix(f"-{gen}") if gen else name
+
+
 def by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    [o] = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    """One object by kind and name; `<cr>-prefill` / `<cr>-decode` name the engines of the one generation built."""
+    [o] = [o for o in objs if o["kind"] == kind and name in (o["metadata"]["name"], without_generation(o))]
     return o
 
 
@@ -54,12 +62,14 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
 def test_seed_builds_the_full_child_set() -> None:
     objs = build(seed_doc())
     n = "nemotron-3-nano"
+    cr = cr_from(seed_doc())
+    g = generation_hash(cr, compute_profile(validate(cr)))  # the engines are generation g's (docs/rollouts.md)
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objs) == sorted(
         [
-            ("Service", f"{n}-prefill"),
-            ("Deployment", f"{n}-prefill"),
-            ("Service", f"{n}-decode"),
-            ("Deployment", f"{n}-decode"),
+            ("Service", f"{n}-prefill-{g}"),
+            ("Deployment", f"{n}-prefill-{g}"),
+            ("Service", f"{n}-decode-{g}"),
+            ("Deployment", f"{n}-decode-{g}"),
             ("ServiceAccount", f"{n}-router"),
             ("Role", f"{n}-router"),
             ("RoleBinding", f"{n}-router"),
@@ -83,7 +93,8 @@ def test_decode_gets_kv_consumer_role_and_no_async_scheduling() -> None:
     assert kv(d)["kv_role"] == "kv_consumer" and kv(p)["kv_role"] == "kv_producer"
     # vLLM 0.20: decode always; the seed's prefill too, since its TP is 2 (#36687; rule no-async-scheduling)
     assert "--no-async-scheduling" in d["args"] and "--no-async-scheduling" in p["args"]
-    assert env(d)[contract.ENV_PREFILL_SERVICE] == "nemotron-3-nano-prefill.ns1.svc"
+    gen = by(objs, "Deployment", "nemotron-3-nano-decode")["metadata"]["labels"][contract.LABEL_GENERATION]
+    assert env(d)[contract.ENV_PREFILL_SERVICE] == f"nemotron-3-nano-prefill-{gen}.ns1.svc"  # its own generation's
     assert contract.ENV_PREFILL_SERVICE not in env(p)
 
 
@@ -105,7 +116,15 @@ def test_engine_pod_contract() -> None:
     sp = c["startupProbe"]
     assert sp["failureThreshold"] * sp["periodSeconds"] >= 900 + MODEL_LOAD_ALLOWANCE_SECONDS
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert c["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": []},
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
     vols = {v["name"]: v for v in pod["volumes"]}
@@ -117,7 +136,9 @@ def test_engine_pod_contract() -> None:
     assert dep["spec"]["selector"]["matchLabels"] == {
         contract.LABEL_INSTANCE: "nemotron-3-nano",
         contract.LABEL_COMPONENT: "prefill",
+        contract.LABEL_GENERATION: dep["metadata"]["labels"][contract.LABEL_GENERATION],
     }
+    assert dep["metadata"]["labels"][contract.LABEL_GENERATION_NUMBER] == "1"
     assert dep["spec"]["template"]["metadata"]["labels"][contract.LABEL_ROLE] == "prefill"
 
 
@@ -183,8 +204,13 @@ def test_router_runs_nixl_pd_with_kubernetes_discovery() -> None:
     assert a[a.index("--kv-connector") + 1] == "nixl"
     assert a[a.index("--service-discovery-port") + 1] == "8000"
     assert a[a.index("--service-discovery-namespace") + 1] == "ns1"
+    gen = dep["metadata"]["labels"][contract.LABEL_GENERATION]
     i = a.index("--decode-selector")
-    assert a[i + 1 : i + 3] == ["app.kubernetes.io/instance=nemotron-3-nano", "app.kubernetes.io/component=decode"]
+    assert a[i + 1 : i + 4] == [
+        "app.kubernetes.io/instance=nemotron-3-nano",
+        "app.kubernetes.io/component=decode",
+        f"hybridpd.io/generation={gen}",
+    ]
     assert a[a.index("--prometheus-host") + 1] == "0.0.0.0"
     assert a[a.index("--host") + 1] == "0.0.0.0"
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "nemotron-3-nano-router"
@@ -261,9 +287,11 @@ def test_every_generated_pod_is_pss_restricted_and_engines_get_no_token() -> Non
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for c in pod["containers"]:
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
-            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": []}
+            assert c["securityContext"]["privileged"] is False
         assert all(set(v) - {"name"} <= {"emptyDir", "persistentVolumeClaim"} for v in pod.get("volumes", []))
-        assert "hostNetwork" not in pod and "hostPID" not in pod
+        # written out (not left to the defaults) so the operator owns them and reverts a hand edit (drift.py)
+        assert (pod["hostNetwork"], pod["hostPID"], pod["hostIPC"]) == (False, False, False)
         is_router = d["metadata"]["name"].endswith("-router")
         assert pod["automountServiceAccountToken"] is is_router
 
@@ -284,7 +312,7 @@ def test_network_policies_admit_only_router_peers_and_prometheus() -> None:
     assert prom_rule["from"] == [
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
     ]
-    assert [p["port"] for p in prom_rule["ports"]] == ["http", "runtime"]
+    assert [p["port"] for p in prom_rule["ports"]] == ["runtime"]  # never vLLM's API port (it serves completions)
     rt = by(objs, "NetworkPolicy", f"{n}-router")["spec"]
     assert rt["ingress"][0] == {"ports": [{"protocol": "TCP", "port": "http"}]}
     assert rt["ingress"][1]["ports"] == [{"protocol": "TCP", "port": "metrics"}]
@@ -320,5 +348,5 @@ def test_the_rdma_fabric_gives_each_engine_its_devices_ipc_lock_and_decode_its_f
         "5000000000"
     )
     tcp = container(by(build(seed_doc()), "Deployment", "nemotron-3-nano-decode"))
-    assert "rdma/ib" not in tcp["resources"]["limits"] and "add" not in tcp["securityContext"]["capabilities"]
+    assert "rdma/ib" not in tcp["resources"]["limits"] and tcp["securityContext"]["capabilities"]["add"] == []
     assert "HPD_KV_FLOOR_BYTES_PER_SECOND" not in env(tcp) and env(tcp)["HPD_CANARY_SECONDS"] == "300"

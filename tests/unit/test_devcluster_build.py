@@ -36,4 +36,5 @@ def test_binaries_are_keyed_by_version(tmp_path: Path) -> None:
     assert f"kubernetes-v{versions.KUBERNETES}" in str(bins.kube_apiserver)
     assert f"etcd-v{versions.ETCD}" in str(bins.etcd)
     assert f"kwok-v{versions.KWOK}" in str(bins.kwok)
+    assert build.cyclonus_path(tmp_path).parent.name == f"cyclonus-v{versions.CYCLONUS}"  # a test tool, built apart
     assert build.missing(bins) == list(bins.all())

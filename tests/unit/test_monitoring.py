@@ -36,8 +36,21 @@ def test_pod_monitors_relabel_component_into_role_and_name_the_cr() -> None:
                 "targetLabel": ROLE_LABEL,
             } in ep["relabelings"]
             assert {"action": "replace", "targetLabel": CR_LABEL, "replacement": "nemotron-3-nano"} in ep["relabelings"]
-    assert [ep["port"] for ep in engines["spec"]["podMetricsEndpoints"]] == ["http", "runtime"]
     assert [ep["port"] for ep in router["spec"]["podMetricsEndpoints"]] == ["metrics"]
+
+
+def test_vllm_is_scraped_through_the_runtime_port_never_the_api_port() -> None:
+    """vLLM's API port also serves completions: Prometheus reads vLLM's metrics where the runtime relays them, and the
+    two targets on the runtime port carry different `endpoint` labels (the Prometheus Operator would otherwise give
+    both the port name, and their `up` series would be one)."""
+    engines, _ = build_pod_monitors(_cr())
+    eps = engines["spec"]["podMetricsEndpoints"]
+    assert [(ep["port"], ep["path"]) for ep in eps] == [("runtime", "/vllm/metrics"), ("runtime", "/metrics")]
+    endpoint_labels = [
+        next((r["replacement"] for r in ep["relabelings"] if r.get("targetLabel") == "endpoint"), ep["port"])
+        for ep in eps
+    ]
+    assert endpoint_labels == ["vllm", "runtime"]
 
 
 def test_pod_monitor_extra_labels_never_replace_the_operators_own() -> None:
@@ -113,6 +126,7 @@ def test_dashboard_covers_every_role_row() -> None:
         "Queues and KV cache",
         "NIXL KV transfer (decode pulls from prefill)",
         "Router",
+        "Data path after Ready",
         "Readiness and warmup",
         "Autoscaling (per role: its own signal, docs/autoscaling.md)",
         "Operator",

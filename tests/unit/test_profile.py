@@ -10,7 +10,8 @@ import pytest
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
 from hpd_operator.modelinfo import KNOWN_MODELS
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.validation import Validated, validate
 
 NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"
@@ -157,8 +158,13 @@ def test_the_profile_writes_every_hpd_env_entry_of_the_container() -> None:
     for dep in (o for o in build_all(cr, p) if o["kind"] == "Deployment" and o["metadata"]["name"] != "m-router"):
         env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
         role = dep["metadata"]["labels"]["hybridpd.io/role"]
+        gen = dep["metadata"]["labels"]["hybridpd.io/generation"]
+        # the one entry the builder rewrites: decode's pair check asks its own generation's prefill Service
+        own = {"name": "HPD_PREFILL_SERVICE", "value": f"m-prefill-{gen}.ns.svc"}
         assert [e for e in env if e["name"].startswith("HPD_")] == [
-            e for e in p.role(role).env_k8s() if e["name"].startswith("HPD_")
+            own if e["name"] == "HPD_PREFILL_SERVICE" else e
+            for e in p.role(role).env_k8s()
+            if e["name"].startswith("HPD_")
         ]
 
 

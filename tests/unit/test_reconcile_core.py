@@ -180,3 +180,29 @@ def test_cache_maps_pods_and_nodes_to_their_crs() -> None:
     assert p["spec"] == {"nodeName": "n1"} and p["status"]["conditions"] == [{"type": "Ready"}]
     c.drop_cr(("ns", "cr"), "cr")
     assert c.crs_of("ns", "cr") == [] and c.cr(("ns", "cr")) is None
+
+
+# --- liveness ----------------------------------------------------------------------------------------------------
+def test_liveness_fails_when_a_reconcile_worker_died_and_never_on_the_apiserver() -> None:
+    import kopf
+    import pytest
+
+    from hpd_operator import handlers
+
+    done = threading.Thread(target=lambda: None, name="reconcile-1")
+    done.start()
+    done.join()
+    alive = threading.Event()
+    running = threading.Thread(target=alive.wait, name="reconcile-0")
+    running.start()
+    saved = handlers._STATE.get("workers")
+    try:
+        handlers._STATE["workers"] = [running]
+        assert handlers.workers_alive() == 1  # no apiserver call: liveness does not depend on it
+        handlers._STATE["workers"] = [running, done]
+        with pytest.raises(kopf.PermanentError, match="reconcile-1"):
+            handlers.workers_alive()
+    finally:
+        alive.set()
+        running.join()
+        handlers._STATE["workers"] = saved

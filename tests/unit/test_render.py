@@ -14,7 +14,7 @@ import yaml
 
 from hpd_operator.__main__ import main
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.profile import Profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.render import RenderError, load_documents, render
 from hpd_operator.validation import validate
 
@@ -27,7 +27,7 @@ def engine_args(manifests: list[dict[str, Any]], role: str) -> list[str]:
     for m in manifests:
         if m.get("kind") == "HybridPDProfile" and m.get("role") == role:
             return list(m["args"])
-        if m.get("kind") == "Deployment" and m["metadata"]["name"].endswith(f"-{role}"):
+        if m.get("kind") == "Deployment" and m["metadata"]["labels"].get("app.kubernetes.io/component") == role:
             return list(m["spec"]["template"]["spec"]["containers"][0]["args"])
     raise AssertionError(f"no {role} engine in the output")
 

@@ -12,6 +12,7 @@ from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.api.rules import violations
 from hpd_operator.builders.autoscaling import build_autoscalers
 from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb
+from hpd_operator.generations import Generation
 from hpd_operator.render import render
 from hpd_operator.scaling import DOWN, HOLD, UP, Bounds, autoscaler_status, compute_bounds, decision, wants
 
@@ -113,16 +114,18 @@ def test_an_autoscaling_role_gets_an_hpa_on_external_metrics_and_its_deployment_
     doc = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "metadata": {"name": "a", "namespace": "n"},
            "spec": {"model": M, "prefill": {"autoscaling": {"maxReplicas": 2, "metrics": [
                {"signal": "waitingRequests", "target": 4}]}}}}  # fmt: skip
-    objs = {(o["kind"], o["metadata"]["name"]): o for o in render([doc])}
-    (h,) = [o for (k, _), o in objs.items() if k == "HorizontalPodAutoscaler"]
-    assert h["metadata"]["name"] == "a-prefill" and h["spec"]["scaleTargetRef"]["name"] == "a-prefill"
+    objs = {(o["kind"], o["metadata"]["labels"]["app.kubernetes.io/component"]): o for o in render([doc])}
+    h = objs[("HorizontalPodAutoscaler", "prefill")]
+    dep = objs[("Deployment", "prefill")]  # the generation's Deployment: <cr>-prefill-<hash>
+    assert h["metadata"]["name"] == h["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    assert h["metadata"]["labels"]["hybridpd.io/generation"] == dep["metadata"]["labels"]["hybridpd.io/generation"]
     ext = h["spec"]["metrics"][0]["external"]
     assert ext["metric"] == {"name": "hpd_vllm_waiting_requests",
                              "selector": {"matchLabels": {"hybridpddeployment": "a", "role": "prefill"}}}  # fmt: skip
     assert ext["target"] == {"type": "AverageValue", "averageValue": "4"}
-    assert "replicas" not in objs[("Deployment", "a-prefill")]["spec"]
-    assert objs[("Deployment", "a-decode")]["spec"]["replicas"] == 1  # decode does not autoscale
-    assert ("PodDisruptionBudget", "a-prefill") in objs  # it may reach 2 replicas
+    assert "replicas" not in dep["spec"]
+    assert objs[("Deployment", "decode")]["spec"]["replicas"] == 1  # decode does not autoscale
+    assert ("PodDisruptionBudget", "prefill") in objs  # it may reach 2 replicas
 
 
 def test_decode_defaults_follow_the_kv_cache_and_the_running_batch() -> None:
@@ -130,12 +133,14 @@ def test_decode_defaults_follow_the_kv_cache_and_the_running_batch() -> None:
 
     cr = HybridPDDeployment.model_validate({"metadata": {"name": "a"}, "spec": {"model": M, "decode": {
         "autoscaling": {"maxReplicas": 3}}}})  # fmt: skip
-    (h,) = build_autoscalers(cr)
+    gen = Generation("0123abcd", 1)
+    (h,) = build_autoscalers(cr, gen)
+    assert h["metadata"]["name"] == "a-decode-0123abcd"
     assert [(m["external"]["metric"]["name"], m["external"]["target"]["averageValue"]) for m in h["spec"]["metrics"]] == [
         ("hpd_vllm_kv_cache_usage", "700m"), ("hpd_vllm_running_requests", "32"),
     ]  # fmt: skip
     assert h["spec"]["behavior"]["scaleDown"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 60}]
-    assert build_engine_pdb(cr, "decode") is not None and build_engine_pdb(cr, "prefill") is None
+    assert build_engine_pdb(cr, "decode", gen) is not None and build_engine_pdb(cr, "prefill", gen) is None
     assert build_engine_deployment is not None
 
 

@@ -15,7 +15,8 @@ from hpd_operator.api.models import (
 )
 from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.status import MAX_MESSAGE, NOT_SCHEDULED_AFTER, compute_status, next_pod_check, transitions
 from hpd_operator.validation import validate
 
@@ -86,7 +87,23 @@ def test_ready_when_every_role_is_ready() -> None:
         "HybridProfileApplied",
         "Progressing",
         "Degraded",
+        "DataPathVerified",
     }
+    assert (
+        c["DataPathVerified"]["status"] == "True"
+        and "re-proved every 300 s (canary)" in c["DataPathVerified"]["message"]
+    )
+
+
+def test_data_path_verified_follows_decode_and_the_pair_check_setting() -> None:
+    """#31: decode is Ready only after its pair check and while its canary passes: the condition reads them."""
+    s = spec()
+    c = conds(status(s, {**ALL_READY, "decode": dep(2, 1)}, profile=profile_of(s)))
+    assert c["DataPathVerified"]["status"] == "False" and c["DataPathVerified"]["reason"] == "NotVerified"
+    assert "decode replica(s) verified P->D" in c["DataPathVerified"]["message"]
+    off = spec(warmup={"pairCheck": False})
+    c = conds(status(off, ALL_READY, profile=profile_of(off)))
+    assert c["DataPathVerified"]["status"] == "Unknown" and c["DataPathVerified"]["reason"] == "PairCheckDisabled"
 
 
 def test_not_ready_while_one_role_is_pending() -> None:
@@ -290,3 +307,16 @@ def test_a_role_detail_from_probe_events_is_appended_while_the_role_is_not_ready
     c = conds(status(spec(), observed, role_details={"decode": detail, "prefill": "stale"}))
     assert c["DecodeReady"]["status"] == "False" and c["DecodeReady"]["message"].endswith(detail)
     assert "stale" not in c["PrefillReady"]["message"]  # prefill is Ready: its old Events say nothing now
+
+
+def test_a_rolling_router_keeps_the_cr_ready_while_its_ready_pods_cover_the_replicas() -> None:
+    """The router surges (maxUnavailable 0): while it rolls (a generation switch, a router update) its old pods serve,
+    so Ready stays True; Progressing says it rolls."""
+    rolling = dep(1, 1, updated=0, gen=2, observed=1)
+    st = status(spec(), {**ALL_READY, "router": rolling})
+    c = conds(st)
+    assert c["Ready"]["status"] == "True" and c["RouterReady"]["status"] == "True"
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RollingOut")
+    assert "router" in c["Progressing"]["message"]
+    gone = status(spec(), {**ALL_READY, "router": dep(1, 0, updated=0, gen=2, observed=1)})
+    assert conds(gone)["Ready"]["status"] == "False"

@@ -90,6 +90,10 @@ def test_unknown_flag_is_refused_with_the_version_named() -> None:
         (["--", "--enforce-eager"], "spec.extraArgs[1]", "a value without an option"),
         (["--enforce-eager", "--"], "spec.extraArgs[1]", "a bare `--`"),
         (["--compilation-config.level"], "spec.extraArgs[0]", "needs a value"),
+        (["--max-num-seqs", "\N{ROCKET}"], "spec.extraArgs[1]", "--max-num-seqs invalid int value: '\N{ROCKET}'"),
+        (["--max_num_seqs=lots"], "spec.extraArgs[0]", "--max-num-seqs invalid int value: 'lots'"),
+        (["--kv-cache-dtype", "fp9"], "spec.extraArgs[1]", "--kv-cache-dtype invalid choice 'fp9' (choose from auto,"),
+        (["--gpu-mem", "0.9"], "spec.extraArgs[0]", "operator-owned"),
     ],
 )
 def test_argv_vllm_would_exit_on_is_refused(args: list[str], field: str, text: str) -> None:
@@ -116,6 +120,7 @@ def test_a_dangling_dotted_flag_in_spec_extra_args_takes_the_roles_first_item() 
         ["-O3"],
         ["--enable-chunked-prefill", "--no-enforce-eager"],
         ["--model-impl", "vllm"],
+        ["--max-num-seqs", "8", "--seed", "7"],
     ],
 )
 def test_flags_users_may_pass_still_pass(args: list[str]) -> None:
@@ -214,6 +219,8 @@ def cr(name: str, **kw: Any) -> dict[str, Any]:
         ("x-decode", "name-no-child-suffix"),
         ("x-router", "name-no-child-suffix"),
         ("x-engines", "name-no-child-suffix"),
+        ("a-prefill-1a2b3c4d", "name-no-generation-suffix"),
+        ("a-decode-00000000", "name-no-generation-suffix"),
     ],
 )
 def test_cr_names_that_would_make_invalid_or_colliding_children_are_refused(name: str, rule: str) -> None:
@@ -221,6 +228,7 @@ def test_cr_names_that_would_make_invalid_or_colliding_children_are_refused(name
         parse_cr(cr(name))
     assert (".metadata.name".lstrip("."), rule) in {(v.field, v.rule) for v in ei.value.violations}
     assert isinstance(parse_cr(cr("a-prefil")), HybridPDDeployment)
+    assert isinstance(parse_cr(cr("a-prefill-v2")), HybridPDDeployment)
 
 
 @pytest.mark.parametrize(
@@ -258,6 +266,23 @@ def test_cr_names_that_would_make_invalid_or_colliding_children_are_refused(name
             {"prefill": {"podTemplate": {"spec": {"volumes": [{"name": "r", "hostPath": {"path": "/"}}]}}}},
             "spec.prefill.podTemplate.spec.volumes[0].hostPath",
             "podTemplate.spec.volumes[]-hostPath-not-allowed",
+        ),
+        (
+            {"decode": {"podTemplate": {"spec": {"volumes": [{"name": "e", "emptyDir": {}}, {"name": "t", "projected":
+                {"sources": [{"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token"}}]}}]}}}},
+            "spec.decode.podTemplate.spec.volumes[1].projected.sources[1].serviceAccountToken",
+            "podTemplate.spec.volumes[].projected.sources[]-serviceAccountToken-not-allowed",
+        ),
+        (
+            {"decode": {"podTemplate": {"metadata": {"annotations": {
+                "container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}}}},
+            "spec.decode.podTemplate.metadata.annotations[container.apparmor.security.beta.kubernetes.io/vllm]",
+            "pod-template-no-security-annotations",
+        ),
+        (
+            {"prefill": {"podTemplate": {"spec": {"priorityClassName": "system-node-critical"}}}},
+            "spec.prefill.podTemplate.spec.priorityClassName",
+            "pod-template-no-system-priority",
         ),
     ],
 )  # fmt: skip
@@ -298,7 +323,7 @@ def test_pod_template_merge_keeps_the_operators_container_and_labels() -> None:
     }})  # fmt: skip
     c_ = parse_cr(doc)
     objs = build_all(c_, compute_profile(validate(c_)))
-    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "m-decode")
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].startswith("m-decode-"))
     pod = dep["spec"]["template"]["spec"]
     (ctr,) = pod["containers"]
     assert pod["runtimeClassName"] == "nvidia" and {"name": "extra", "configMap": {"name": "c"}} in pod["volumes"]

@@ -13,7 +13,8 @@ import pytest
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.validation import validate
 from hpd_operator.versions import VERSION_RULES, image_version_warning, version_row
 

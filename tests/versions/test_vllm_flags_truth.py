@@ -23,12 +23,15 @@ import pytest
 from hpd_devcluster.vllm_flags import main as generate
 from hpd_operator.api import constants as c
 from hpd_operator.vllm_flags import FlagTable, flag_table, resolve
+from hpd_operator.vllm_flags import value_errors as value_errors_of
 
 HERE = Path(__file__).resolve().parent
 RESOLVE = HERE / "vllm_resolve.py"
 RESOLUTION_ERRORS = re.compile(
     r"unrecognized arguments|ambiguous option|expected .*argument|ignored explicit|IndexError"
 )
+TYPED_VALUE_ERRORS = re.compile(r"invalid (int|float) value|invalid choice")
+"""argparse's own words for a value its type or choices refuse (what the operator's value check mirrors)."""
 VERSIONS = os.environ.get("HPD_VLLM_PARSER_VERSIONS", "0.20.0").split(",")
 
 pytestmark = pytest.mark.vllm_parser
@@ -112,15 +115,24 @@ def test_the_mirror_reads_extra_args_exactly_as_vllms_parser_does(version: str, 
     assert table is not None, f"no committed flag list for vLLM {version}"
     cases = owned_spellings(table) + random_cases(table, 1200, seed=13)
     real = truth(version, cases, tmp_path)
-    wrong, value_errors = [], 0
+    wrong, value_errors, typed_caught = [], 0, 0
     for argv, r in zip(cases, real, strict=True):
+        items = resolve(table, argv)
+        if r["ok"] and not any(i.kind == "error" for i in items):  # the same flags: do the values agree?
+            ours = [e for i in items for e in value_errors_of(table, i, argv)]
+            theirs = [e for e in r["value_errors"] if TYPED_VALUE_ERRORS.search(str(e))]  # type: ignore[attr-defined]
+            if ours and not r["value_errors"]:
+                wrong.append(f"{argv}: the value check refuses {ours}; vLLM's parser accepts every value")
+            if theirs and not ours:
+                wrong.append(f"{argv}: vLLM's parser refuses {theirs}; the value check does not")
+            typed_caught += bool(ours and theirs)
         if not r["ok"] and not RESOLUTION_ERRORS.search(str(r["error"])):
             value_errors += 1  # vLLM's own action rejected a value (e.g. JSON of --lora-modules): not about names
             continue
-        items = resolve(table, argv)
         ok = not any(i.kind == "error" for i in items)
         dests = sorted(i.dest for i in items if i.kind == "option" and i.dest and i.dest != "port")
         if ok != r["ok"] or (ok and dests != sorted(r["dests"])):  # type: ignore[call-overload]
             wrong.append(f"{argv}: mirror ok={ok} {dests}; vLLM ok={r['ok']} {r['dests']} {r['error']}")
     assert not wrong, f"{len(wrong)} of {len(cases)} cases differ:\n" + "\n".join(wrong[:40])
+    assert typed_caught > 0, "no case exercised a typed value error: the corpus tests too little"
     assert value_errors < len(cases) // 20, f"{value_errors} cases were value errors: the corpus tests too little"

@@ -25,7 +25,8 @@ import yaml
 
 from hpd_operator.api.models import HybridPDDeployment, HybridPDDeploymentSpec
 from hpd_operator.errors import SpecError
-from hpd_operator.profile import Profile, compute_profile
+from hpd_operator.profile import compute_profile
+from hpd_operator.profile_model import Profile
 from hpd_operator.validation import validate
 from hpd_operator.versions import parse_version
 

@@ -3,9 +3,10 @@
     <venv>/bin/python tests/versions/vllm_resolve.py cases.json out.json
 
 cases.json: a list of argv lists (the extraArgs, without `vllm serve --model m`). out.json: per case
-{"ok": bool, "dests": [dest of every action argparse took, in order], "error": text}. Values are not converted
-(a spy around argparse's `_get_values` records the action and swallows type/choice errors), so the comparison is
-about which flag each item names, which is what the operator decides on.
+{"ok": bool, "dests": [dest of every action argparse took, in order], "error": text, "value_errors": [argparse's
+message for each value its type or choices refused]}. Values errors do not stop the parse (a spy around argparse's
+`_get_values` records the action and the error and goes on), so "ok"/"dests" are about which flag each item names,
+and "value_errors" about the values, which the operator checks separately.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> int:
     cases: list[list[str]] = json.loads(Path(sys.argv[1]).read_text())
     top, _ = _dump.parsers()
     seen: list[str] = []
+    refused: list[str] = []
     real = argparse.ArgumentParser._get_values
 
     def spy(self: argparse.ArgumentParser, action: argparse.Action, arg_strings: list[str]) -> Any:
@@ -35,13 +37,15 @@ def main() -> int:
             seen.append(action.dest)
         try:
             return real(self, action, arg_strings)
-        except argparse.ArgumentError:
+        except argparse.ArgumentError as e:
+            refused.append(str(e))
             return None
 
     argparse.ArgumentParser._get_values = spy  # type: ignore[method-assign]
     out = []
     for case in cases:
         seen.clear()
+        refused.clear()
         err = io.StringIO()
         ok, msg = True, ""
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -51,7 +55,7 @@ def main() -> int:
                 ok, msg = False, f"exit {e.code}: {err.getvalue().strip().splitlines()[-1:]}"
             except Exception as e:  # vLLM's own rewrite can raise (IndexError on a dangling dotted flag)
                 ok, msg = False, f"{type(e).__name__}: {e}"
-        out.append({"ok": ok, "dests": list(seen), "error": msg})
+        out.append({"ok": ok, "dests": list(seen), "error": msg, "value_errors": list(refused)})
     Path(sys.argv[2]).write_text(json.dumps(out))
     return 0
 

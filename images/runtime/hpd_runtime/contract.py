@@ -28,6 +28,12 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_ROLE: Final = f"{GROUP}/role"
+LABEL_GENERATION: Final = f"{GROUP}/generation"
+"""On engine Deployments, their pods and headless Services, and on the router: the generation (a hash of the engine
+pod templates) they belong to or route to. The router's discovery selectors and decode's prefill Service select on
+it, so a prefill and a decode of different generations never pair (docs/rollouts.md)."""
+LABEL_GENERATION_NUMBER: Final = f"{GROUP}/generation-number"
+"""Beside LABEL_GENERATION: the generation's sequence number (1, 2, ...), for people (`kubectl get pods -L`)."""
 APP_NAME: Final = "hybrid-pd"
 MANAGED_BY: Final = "hybrid-pd-operator"
 COMPONENT_ROUTER: Final = "router"
@@ -36,7 +42,8 @@ COMPONENT_ROUTER: Final = "router"
 VLLM_PORT: Final = 8000
 """vLLM's OpenAI server inside prefill/decode pods (container port name `http`); the router talks to it."""
 RUNTIME_PORT: Final = 8081
-"""The runtime's readiness server: /readyz, /livez, /metrics (container port name `runtime`)."""
+"""The runtime's readiness server: /readyz, /livez, /metrics, /vllm/metrics (container port name `runtime`). It
+serves nothing that changes state, so it is the one engine port that Prometheus is let through to."""
 SIDE_CHANNEL_PORT_DEFAULT: Final = 5600
 """NIXL side channel (ZMQ) base port; vLLM listens on base + data-parallel rank."""
 ROUTER_PORT: Final = 8090
@@ -50,6 +57,9 @@ PORT_NAME_ROUTER_METRICS: Final = "metrics"
 PATH_READYZ: Final = "/readyz"
 PATH_LIVEZ: Final = "/livez"
 PATH_METRICS: Final = "/metrics"
+PATH_VLLM_METRICS: Final = "/vllm/metrics"
+"""On the runtime port: vLLM's own /metrics, fetched from its loopback API (GET only, size- and time-bounded). Prometheus
+scrapes vLLM here, so the NetworkPolicy never has to open vLLM's API port (which also serves completions) to it."""
 PATH_VLLM_HEALTH: Final = "/health"
 PATH_IDENTITY: Final = "/identity"
 """The runtime's boot id (JSON `bootId`): decode polls its prefill peers' to notice a restarted vLLM."""

@@ -9,11 +9,12 @@ Pair check, per prefill peer and prompt (`paircheck.pair_lengths`, PAIR_ROUNDS r
 `paircheck.compare` judges 2 against 3. Never prefill's own token: it is computed from the prompt minus its last
 token.
 
-Monitor (decode follows prefill): every `pair_recheck_seconds` it resolves the prefill headless Service (Ready pods
-only) and asks each peer's runtime for its boot id (`GET /identity` on the runtime port: a new id = a new vLLM
-process, because `launch` exits with vLLM). A new address or a new boot id is re-checked at once; a peer that is
-gone is forgotten. While a pair is faulted the state carries the reason (readiness 503, probe output, Event) and
-the check repeats (every poll when the pair had passed before, else every FAULT_RECHECK_SECONDS) until it passes, so decode recovers without a human. If a pair that
+Monitor (decode follows prefill): every `pair_recheck_seconds` (the canary's period when that is shorter) it
+resolves the prefill headless Service (Ready pods only) and asks each peer's runtime for its boot id
+(`GET /identity` on the runtime port: a new id = a new vLLM process, because `launch` exits with vLLM). A new
+address or a new boot id is re-checked at once; a peer that is gone is forgotten. While a pair is faulted the state
+carries the reason (readiness 503, probe output, Event) and the check repeats (every poll when the pair had passed
+before, else every FAULT_RECHECK_SECONDS) until it passes, so decode recovers without a human. If a pair that
 had passed turns bad on RESTART_AFTER_FAILURES consecutive re-checks, `on_broken` is called: `launch` then stops
 vLLM and exits with EXIT_PAIR_BROKEN, so the kubelet restarts the container with a fresh NIXL agent (vllm#49238:
 on 0.20 nothing else releases a stale agent), which also closes vLLM's port: the router (which keeps routing to
@@ -257,6 +258,16 @@ class PairMonitor:
                 out.append((host, port))
         return out
 
+    def apply(self, host: str, port: int, result: PairResult) -> bool:
+        """Record a re-check's or canary's outcome; True when a pair that had passed stayed broken and `on_broken`
+        was called (vLLM is being restarted: stop checking)."""
+        good_before = self.was_good
+        self.record(host, port, result)
+        if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
+            self.on_broken(result.summary)
+            return True
+        return False
+
     def canary(self) -> None:
         """One canary round trip against every verified peer (see the module doc)."""
         self.last_canary = time.monotonic()
@@ -271,10 +282,7 @@ class PairMonitor:
             m.canary_checks.labels(result="ok" if result.ok else "differs").inc()
             if result.ok:
                 m.canary_last_success.labels(prefill=f"{host}:{port}").set(time.time())
-            good_before = self.was_good
-            self.record(host, port, result)
-            if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
-                self.on_broken(result.summary)
+            if self.apply(host, port, result):
                 return
 
     def canary_due(self) -> bool:
@@ -301,14 +309,17 @@ class PairMonitor:
             except PairTransportError as e:
                 log_event("pair_recheck_error", level="warning", prefill=f"{host}:{port}", error=str(e))
                 continue  # the peer may be going away; the next poll sees it again
-            good_before = self.was_good
-            self.record(host, port, result)
-            if not result.ok and good_before and self.failures >= RESTART_AFTER_FAILURES and self.on_broken:
-                self.on_broken(result.summary)
+            if self.apply(host, port, result):
                 return
 
+    def poll_seconds(self) -> float:
+        """The monitor's poll period: the re-check poll, shortened to the canary's period when that is shorter (the
+        canary runs from the poll: before this, a 5 s canary on the 10 s default poll ran every 10 s)."""
+        period = self.cfg.canary_seconds
+        return min(self.cfg.pair_recheck_seconds, period) if period > 0 else self.cfg.pair_recheck_seconds
+
     def run(self) -> None:
-        while not self.stop.wait(self.cfg.pair_recheck_seconds):
+        while not self.stop.wait(self.poll_seconds()):
             try:
                 self.step()
             except Exception as e:  # the monitor must outlive any surprise; the next poll retries

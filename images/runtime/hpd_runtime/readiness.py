@@ -5,6 +5,12 @@
 - `/livez` is 200 while the vLLM child process is alive (standalone: while vLLM answers at all).
 - `/identity` is `{"bootId": ..., "role": ..., "ready": ...}`: a new boot id = a new vLLM process (decode polls its prefill peers).
 - `/metrics` serves this process's own prometheus-client registry (`hpd_runtime_*`).
+- `/vllm/metrics` is vLLM's own `/metrics`, read from its loopback API at each GET (at most VLLM_METRICS_MAX_BYTES,
+  within VLLM_METRICS_TIMEOUT_SECONDS; 502 when vLLM does not answer in time or answers more). Nothing else is
+  forwarded: no other path, no query string, no request header, no method but GET (http.server answers 501 to the
+  others). This is how Prometheus reads vLLM's metrics without being let through to vLLM's API port, where the
+  same server also serves completions to anyone who reaches it (the engines' NetworkPolicy admits Prometheus on
+  this port only).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import http.server
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 
@@ -20,10 +28,44 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from hpd_runtime import contract as c
 from hpd_runtime.config import RuntimeConfig
-from hpd_runtime.http_client import health_status
+from hpd_runtime.http_client import base_url, health_status
 from hpd_runtime.log import log_event
 
 HEALTH_TIMEOUT_SECONDS = 2.0
+VLLM_METRICS_TIMEOUT_SECONDS = 5.0
+"""Per read of vLLM's /metrics (connect and each socket read); below the PodMonitor's default 10 s scrape timeout."""
+VLLM_METRICS_MAX_BYTES = 16 * 1024 * 1024
+"""vLLM 0.20's /metrics is ~100-300 KiB (histograms per model and engine); a body over 16 MiB is refused, not relayed."""
+_VLLM_CONTENT_TYPES = ("text/plain", "application/openmetrics-text")
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class UpstreamError(Exception):
+    """vLLM's /metrics could not be relayed (no answer, an error status, or too large)."""
+
+
+def fetch_vllm_metrics(
+    cfg: RuntimeConfig,
+    *,
+    timeout: float = VLLM_METRICS_TIMEOUT_SECONDS,
+    max_bytes: int = VLLM_METRICS_MAX_BYTES,
+) -> tuple[bytes, str]:
+    """(body, content type) of vLLM's own /metrics on its loopback address; UpstreamError when it cannot be relayed."""
+    url = base_url(cfg.vllm_host, cfg.vllm_port) + c.PATH_METRICS
+    try:
+        with _NO_PROXY.open(urllib.request.Request(url, method="GET"), timeout=timeout) as resp:
+            body = resp.read(max_bytes + 1)
+            ctype = resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        e.close()
+        raise UpstreamError(f"vLLM {c.PATH_METRICS} returned {e.code}") from e
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        raise UpstreamError(f"vLLM {c.PATH_METRICS}: {getattr(e, 'reason', e)}") from e
+    if len(body) > max_bytes:
+        raise UpstreamError(f"vLLM {c.PATH_METRICS} is larger than {max_bytes} bytes")
+    if not ctype.startswith(_VLLM_CONTENT_TYPES) or len(ctype) > 200:
+        ctype = CONTENT_TYPE_LATEST
+    return body, ctype
 
 
 class RuntimeMetrics:
@@ -239,6 +281,13 @@ def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHT
             elif path == c.PATH_METRICS:
                 evaluate_readiness(state, cfg)  # refresh the ready / vLLM health gauges for this scrape
                 self._send(200, generate_latest(state.metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == c.PATH_VLLM_METRICS:
+                try:
+                    body, ctype = fetch_vllm_metrics(cfg)
+                except UpstreamError as e:
+                    self._send(502, (str(e) + "\n").encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(200, body, ctype)
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
 

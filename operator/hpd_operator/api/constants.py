@@ -39,6 +39,9 @@ def vllm_image(version: str) -> str:
 
 DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
 DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
+DEFAULT_ROUTER_DRAIN_SECONDS: Final = 300
+"""spec.router.drainSeconds: a replaced router pod's time to finish its in-flight requests (a few thousand tokens
+at tens of tokens per second take minutes)."""
 DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = contract.WARMUP_TIMEOUT_SECONDS_DEFAULT
 DEFAULT_WARMUP_CONCURRENCY: Final = contract.WARMUP_CONCURRENCY_DEFAULT
 DEFAULT_CANARY_SECONDS: Final = int(contract.CANARY_SECONDS_DEFAULT)

@@ -207,6 +207,8 @@ def _crd_version(root: Schema) -> dict[str, Any]:
             },
             {"name": "Prefill", "type": "string", "jsonPath": ".status.prefill.summary"},
             {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary"},
+            {"name": "Gen", "type": "integer", "jsonPath": ".status.rollout.servingGeneration"},
+            {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.summary"},
             # The autoscalers' `current->desired decision` (kubectl get hpd -o wide): empty for a CR that does not
             # autoscale, so not in the default table a newcomer sees first.
             {

@@ -202,17 +202,38 @@ class Affinity(_Model):
 
 
 class PodTemplateMetadata(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podMetadata")})
     labels: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=64)] | None = None
     """Extra pod labels (the operator's own labels win)."""
     annotations: Annotated[dict[str, str], Field(max_length=64)] | None = None
+    """Extra pod annotations; AppArmor and seccomp annotations are refused (the operator sets the pod's profile)."""
 
 
 class LocalObjectReference(_Model):
     name: str = Field(min_length=1, max_length=253)
 
 
+class VolumeProjection(_Model):
+    """One source of a projected volume (core/v1 VolumeProjection): secret, configMap, downwardAPI, ... ; a
+    serviceAccountToken source is refused (engine pods get no token). Only the refused source is declared: the
+    others are kept as written and checked by the apiserver when the Deployment is applied."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-validations": cel_rules("projection")})
+    service_account_token: _NoObj | None = None
+
+
+class ProjectedVolume(_Model):
+    """core/v1 ProjectedVolumeSource."""
+
+    model_config = ConfigDict(extra="allow")
+    sources: Annotated[list[VolumeProjection], Field(max_length=16)] | None = None
+
+
 class Volume(_Model):
-    """An extra pod volume (core/v1 Volume); hostPath is refused."""
+    """An extra pod volume (core/v1 Volume); hostPath and projected ServiceAccount tokens are refused. A `secret`
+    volume, a projected `secret` source and a `csi` volume with `nodePublishSecretRef` put a Secret of the namespace
+    into the engine pods through the operator's identity: the chart's ValidatingAdmissionPolicy admits the CR only
+    when its author may `get` that Secret (README, "Secrets a CR references")."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("volume")})
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -222,7 +243,7 @@ class Volume(_Model):
     persistent_volume_claim: _Free | None = None
     csi: _Free | None = None
     ephemeral: _Free | None = None
-    projected: _Free | None = None
+    projected: ProjectedVolume | None = None
     downward_api: _Free | None = Field(default=None, alias="downwardAPI")
     host_path: _NoObj | None = None
 
@@ -255,6 +276,7 @@ class PodSpecOverride(_Model):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("podSpec")})
     priority_class_name: str | None = Field(default=None, max_length=253)
+    """A PriorityClass of the cluster; the `system-` classes (node- and cluster-critical) are refused."""
     runtime_class_name: str | None = Field(default=None, max_length=253)
     """E.g. `nvidia` where the GPU runtime is not the node default."""
     scheduler_name: str | None = Field(default=None, max_length=253)
@@ -405,6 +427,11 @@ class RouterSpec(_Model):
     """vllm-router load-balancing policy for both stages."""
     service: RouterServiceSpec = _sub(RouterServiceSpec)
     resources: ResourceRequirements | None = None
+    drain_seconds: int = Field(default=c.DEFAULT_ROUTER_DRAIN_SECONDS, ge=0, le=86_400)
+    """How long a replaced router pod may take to finish the requests it has in flight (its graceful shutdown; the
+    pod's terminationGracePeriodSeconds is this plus a few seconds). A rollout removes the old generation's engines
+    only after its router pods are gone, so this bounds how long the old generation outlives the switch. Set it to
+    the longest request you serve (a long generation can take minutes)."""
 
 
 class WarmupSpec(_Model):
@@ -447,12 +474,15 @@ class MonitoringSpec(_Model):
 
 
 class PrometheusPeerSpec(_Model):
-    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer)."""
+    """Which pods may scrape the metrics ports (core/v1 LabelSelectors, as in a NetworkPolicy peer): the engines'
+    runtime port (its own metrics and vLLM's, relayed at /vllm/metrics; never vLLM's API port, which serves
+    completions) and the router's metrics port. Both serve read-only metrics; to keep even those to your Prometheus,
+    name its namespace, e.g. `namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}`."""
 
     namespace_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
         default_factory=dict, json_schema_extra={"default": {}}
     )
-    """Namespaces of the scrapers; {} = every namespace."""
+    """Namespaces of the scrapers; {} = every namespace (any pod labelled like a scraper reads the metrics)."""
     pod_selector: Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE)] = Field(
         default_factory=lambda: {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
         json_schema_extra={"default": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
@@ -462,8 +492,9 @@ class PrometheusPeerSpec(_Model):
 
 class NetworkPolicySpec(_Model):
     """A NetworkPolicy per CR: engines accept the router on the API port, each other on any port (API, NIXL side
-    channel, UCX's ephemeral ports) and Prometheus on the metrics ports; the router accepts clients on its port and
-    Prometheus on its metrics port. Enforced only where the cluster's network plugin implements NetworkPolicy."""
+    channel, UCX's ephemeral ports) and Prometheus on the runtime port only (vLLM's metrics are relayed there); the
+    router accepts clients on its port and Prometheus on its metrics port. Enforced only where the cluster's network
+    plugin implements NetworkPolicy."""
 
     enabled: bool = True
     """Generate the NetworkPolicies (vLLM's API and NIXL's side channel have no authentication)."""
@@ -570,6 +601,7 @@ ConditionType = Literal[
     "HybridProfileApplied",
     "Progressing",
     "Degraded",
+    "DataPathVerified",
 ]
 CONDITION_TYPES: tuple[str, ...] = ConditionType.__args__  # type: ignore[attr-defined]
 
@@ -646,6 +678,50 @@ class ProfileStatus(_Model):
     """Not fatal (also posted as Warning Events), e.g. an image tag that names another vLLM release."""
 
 
+class GenerationStatus(_Model):
+    """One generation of prefill + decode (docs/rollouts.md)."""
+
+    number: int
+    """Sequence number: 1 for the first, one more for every new one."""
+    hash: str
+    """Hash of its engine pod templates: the `hybridpd.io/generation` label, the `<cr>-prefill-<hash>` names."""
+    state: Literal["Serving", "Starting", "Blocked", "Draining"]
+    """Serving: the router routes to it. Starting: not Ready yet (decode Ready = pair check passed against this
+    generation's prefill pods). Blocked: its pods cannot be scheduled or its rollout failed. Draining: the router's
+    old pods finish their in-flight requests on it; removed when they are gone."""
+    prefill: str | None = None
+    """Ready/desired prefill replicas."""
+    decode: str | None = None
+    """Ready/desired decode replicas."""
+    message: str | None = Field(default=None, max_length=4096)
+    """Why it is not Ready (a probe's reason, the scheduler's message), when it is not."""
+    served: bool = False
+    """It took traffic with every desired replica Ready at least once. Only a generation that serves or served is
+    kept while a new one comes up; one that never did and cannot answer now is replaced at once."""
+
+
+class RolloutStatus(_Model):
+    """Which generation serves, which one is being rolled out and how far (docs/rollouts.md)."""
+
+    state: Literal["Complete", "Starting", "Blocked", "Switching"]
+    """Complete: one generation, serving. Starting: the spec's generation is coming up beside the serving one.
+    Blocked: it cannot come up (its pods cannot be scheduled, e.g. no spare GPUs for a second generation, or its
+    Deployment exceeded its progress deadline); the serving generation keeps serving. Switching: traffic moved to
+    the spec's generation, the old one drains."""
+    summary: str
+    """Short progress (printer column `Rollout`), e.g. `complete`, `gen 3: 2/3 ready`, `gen 3: blocked`."""
+    message: str = Field(max_length=4096)
+    serving_generation: int | None = None
+    """The generation the router routes to (printer column `Gen`)."""
+    serving_hash: str | None = None
+    target_generation: int | None = None
+    """The generation the spec asks for (equal to servingGeneration when complete)."""
+    target_hash: str | None = None
+    latest_generation: int | None = None
+    """The highest generation number assigned so far (numbers are never reused)."""
+    generations: list[GenerationStatus] = Field(default_factory=list)
+
+
 class HybridPDDeploymentStatus(_Model):
     observed_generation: int | None = None
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
@@ -660,6 +736,8 @@ class HybridPDDeploymentStatus(_Model):
     """Router Service URL, e.g. http://my-hpd.default.svc:8000."""
     profile: ProfileStatus | None = None
     """What the operator injected and why."""
+    rollout: RolloutStatus | None = None
+    """Generations of prefill + decode and the rollout between them."""
 
 
 class ObjectMeta(BaseModel):

@@ -1,8 +1,10 @@
 """Names and selectors of a CR's children (pure): what `<cr>-prefill` is called, which labels select it, where its
 endpoint is. The builders name what they make with these, and status, report and the handlers find it with them.
 
-Children are `<cr>-prefill`, `<cr>-decode`, `<cr>-router` and the `<cr>` Service; every name and label value is a
-DNS-1035 label of at most 63 characters (truncated with a short hash of the full name when longer).
+Children are the engines of each generation, `<cr>-prefill-<gen>` and `<cr>-decode-<gen>` (Deployment, headless
+Service, PodDisruptionBudget; `<gen>` is the generation's hash, hpd_operator.generations), and `<cr>-router` and the
+`<cr>` Service; every name and label value is a DNS-1035 label of at most 63 characters (truncated with a short hash
+of the full name when longer).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ def instance_label(cr_name: str) -> str:
     return short_name(cr_name)
 
 
-def selector_labels(cr_name: str, component: str) -> dict[str, str]:
-    """Selectors use only instance + component (they are immutable on Deployments)."""
-    return {contract.LABEL_INSTANCE: instance_label(cr_name), contract.LABEL_COMPONENT: component}
+def selector_labels(cr_name: str, component: str, generation: str | None = None) -> dict[str, str]:
+    """Selectors use instance + component (they are immutable on Deployments), and for the engines of one generation
+    its hash: the router's discovery, the headless Services and the Deployments select one generation only."""
+    out = {contract.LABEL_INSTANCE: instance_label(cr_name), contract.LABEL_COMPONENT: component}
+    if generation is not None:
+        out[contract.LABEL_GENERATION] = generation
+    return out
 
 
 def selector_string(cr_name: str, component: str) -> str:
@@ -40,9 +46,16 @@ def selector_string(cr_name: str, component: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(cr_name, component).items())
 
 
-def role_name(cr_name: str, role: str) -> str:
-    """`<cr>-prefill` / `<cr>-decode`: the role's Deployment, headless Service and PodDisruptionBudget."""
-    return short_name(cr_name, role)
+def role_name(cr_name: str, role: str, generation: str | None = None) -> str:
+    """`<cr>-prefill-<gen>` / `<cr>-decode-<gen>`: one generation's Deployment, headless Service and
+    PodDisruptionBudget (`<cr>-<role>` without a generation: what an operator before generations named them)."""
+    return short_name(cr_name, f"{role}-{generation}" if generation else role)
+
+
+def prefill_service_host(cr_name: str, namespace: str | None, generation: str | None) -> str:
+    """The DNS name of a generation's prefill headless Service (decode's pair check resolves it to the Ready
+    prefill pods of its own generation only)."""
+    return role_name(cr_name, "prefill", generation) + (f".{namespace}.svc" if namespace else "")
 
 
 def router_name(cr_name: str) -> str:
@@ -59,8 +72,8 @@ def endpoint_url(cr_name: str, namespace: str, port: int) -> str:
     return f"http://{endpoint_service_name(cr_name)}.{namespace}.svc:{port}"
 
 
-def component_names(cr_name: str) -> dict[str, str]:
-    """Component (prefill, decode, router) -> its Deployment's name."""
-    out: dict[str, str] = {role: role_name(cr_name, role) for role in contract.ROLES}
+def component_names(cr_name: str, generation: str | None) -> dict[str, str]:
+    """Component (prefill, decode, router) -> its Deployment's name, the engines' of `generation`."""
+    out: dict[str, str] = {role: role_name(cr_name, role, generation) for role in contract.ROLES}
     out[contract.COMPONENT_ROUTER] = router_name(cr_name)
     return out

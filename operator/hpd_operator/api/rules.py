@@ -27,7 +27,7 @@ from hpd_operator.errors import SpecViolation
 from hpd_runtime import contract
 
 Scope = Literal["root", "spec", "model", "modelSource", "role", "resources", "kvTransfer", "cache", "podSpec",
-                "container", "volume", "autoscaling", "autoscalingMetric", "ratio"]  # fmt: skip
+                "podMetadata", "container", "volume", "projection", "autoscaling", "autoscalingMetric", "ratio"]  # fmt: skip
 Check = Callable[[Any], Iterable[str]]
 """Python twin: yields the relative field path ('' = the node itself, '.x' = a child) of each violation."""
 
@@ -66,7 +66,11 @@ DNS1035: Final = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 CHILD_SUFFIXES: Final = ("prefill", "decode", contract.COMPONENT_ROUTER, "engines")
 """`<cr>-<suffix>` child names; a CR whose name ends in one of them would fight another CR for its children."""
 MAX_CR_NAME: Final = 63 - len("-prefill")
-"""The longest child name (`<cr>-prefill`/`<cr>-engines`) stays a DNS-1035 label without truncation."""
+"""A CR's own children (`<cr>-router`, `<cr>-engines`) stay DNS-1035 labels without truncation; a generation's
+(`<cr>-prefill-<hash>`) are shortened with a hash of the full name beyond 46 characters (api/names.py)."""
+GENERATION_SUFFIX: Final = "-(prefill|decode)-[0-9a-f]{8}$"
+"""`<cr>-prefill-<hash>`: a generation's children (hpd_operator.generations); a CR named like one would own its
+endpoint Service under the same name."""
 
 # ---------------------------------------------------------------------------------------------------------------
 # Quantities (the same grammar as k8s.io/apimachinery resource.Quantity, non-negative)
@@ -169,6 +173,31 @@ FORBIDDEN_CONTAINER_FIELDS: Final = {
 FORBIDDEN_VOLUME_FIELDS: Final = {
     "hostPath": ("host_path", "host paths give the pod the node's files"),
 }
+FORBIDDEN_PROJECTION_FIELDS: Final = {
+    "serviceAccountToken": (
+        "service_account_token",
+        "engine pods get no ServiceAccount token (vLLM never calls the Kubernetes API)",
+    ),
+}
+SECURITY_ANNOTATION_PREFIXES: Final = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+"""Pod annotations that choose a security profile (AppArmor, incl. `unconfined`; the deprecated seccomp ones): the
+operator sets the pod's profile (seccomp RuntimeDefault, the runtime's default AppArmor profile)."""
+SYSTEM_PRIORITY_PREFIX: Final = "system-"
+"""Kubernetes reserves PriorityClass names starting `system-` (system-node-critical, system-cluster-critical): pods
+that may preempt anything and are the last to be evicted, for the cluster's own components."""
+
+
+def _security_annotations(md: Any) -> Iterator[str]:
+    for key in sorted(md.annotations or {}):
+        if key.startswith(SECURITY_ANNOTATION_PREFIXES):
+            yield f".annotations[{key}]"
+
+
+_SECURITY_ANNOTATIONS_CEL = " || ".join(f"k.startsWith('{p}')" for p in SECURITY_ANNOTATION_PREFIXES)
 
 
 def _forbidden_rows(scope: Scope, table: dict[str, tuple[str, str]], where: str) -> list[Rule]:
@@ -280,6 +309,15 @@ RULES: Final[tuple[Rule, ...]] = (
         + ": CR `a-prefill` would own the same objects as CR `a`'s prefill role",
         field=".metadata.name",
         check=_when(lambda cr: cr.metadata.name.endswith(tuple(f"-{s}" for s in CHILD_SUFFIXES)), ".metadata.name"),
+    ),
+    Rule(
+        id="name-no-generation-suffix",
+        scope="root",
+        cel=f"!self.metadata.name.matches('{GENERATION_SUFFIX}')",
+        message="metadata.name may not end in -prefill-<8 hex digits> or -decode-<8 hex digits>: CR "
+        "`a-prefill-1a2b3c4d` would own the same objects as the prefill generation 1a2b3c4d of CR `a`",
+        field=".metadata.name",
+        check=_when(lambda cr: re.search(GENERATION_SUFFIX, cr.metadata.name) is not None, ".metadata.name"),
     ),
     Rule(
         id="tp-divides",
@@ -512,9 +550,30 @@ RULES: Final[tuple[Rule, ...]] = (
         field=".name",
         check=_when(lambda ct: ct.name != "vllm", ".name"),
     ),
+    Rule(
+        id="pod-template-no-security-annotations",
+        scope="podMetadata",
+        cel=f"!has(self.annotations) || !self.annotations.exists(k, {_SECURITY_ANNOTATIONS_CEL})",
+        message="podTemplate.metadata.annotations may not choose a security profile ("
+        + ", ".join(p + "*" for p in SECURITY_ANNOTATION_PREFIXES)
+        + "): the operator sets the pod's seccomp profile and the runtime's default AppArmor profile applies",
+        field=".annotations",
+        check=_security_annotations,
+    ),
+    Rule(
+        id="pod-template-no-system-priority",
+        scope="podSpec",
+        cel=f"!has(self.priorityClassName) || !self.priorityClassName.startsWith('{SYSTEM_PRIORITY_PREFIX}')",
+        message=f"podTemplate.spec.priorityClassName may not name a `{SYSTEM_PRIORITY_PREFIX}*` PriorityClass "
+        "(system-node-critical, system-cluster-critical: they are for the cluster's own components, which a model "
+        "server would preempt)",
+        field=".priorityClassName",
+        check=_when(lambda ps: (ps.priority_class_name or "").startswith(SYSTEM_PRIORITY_PREFIX), ".priorityClassName"),
+    ),
     *_forbidden_rows("podSpec", FORBIDDEN_POD_FIELDS, "podTemplate.spec"),
     *_forbidden_rows("container", FORBIDDEN_CONTAINER_FIELDS, "podTemplate.spec.containers[]"),
     *_forbidden_rows("volume", FORBIDDEN_VOLUME_FIELDS, "podTemplate.spec.volumes[]"),
+    *_forbidden_rows("projection", FORBIDDEN_PROJECTION_FIELDS, "podTemplate.spec.volumes[].projected.sources[]"),
 )
 
 

@@ -11,31 +11,53 @@ from collections.abc import Mapping
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders.autoscaling import build_autoscalers
 from hpd_operator.builders.common import Manifest
-from hpd_operator.builders.engine import build_engine_deployment, build_engine_pdb, build_engine_service
+from hpd_operator.builders.engine import (
+    build_engine_deployment,
+    build_engine_pdb,
+    build_engine_service,
+    engine_replicas,
+    generation_hash,
+)
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
-from hpd_operator.profile import Profile
+from hpd_operator.generations import Plan, fresh_plan
+from hpd_operator.profile_model import Profile
 from hpd_operator.scaling import Bounds
 from hpd_runtime import contract
 
-__all__ = ["Manifest", "build_all"]
+__all__ = ["Manifest", "build_all", "generation_hash"]
 
 
-def build_all(cr: HybridPDDeployment, profile: Profile, bounds: Mapping[str, Bounds] | None = None) -> list[Manifest]:
-    """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it); `bounds`:
-    the autoscalers' min/max (scaling.compute_bounds; default: the user's ranges)."""
+def build_all(
+    cr: HybridPDDeployment,
+    profile: Profile,
+    plan: Plan | None = None,
+    bounds: Mapping[str, Bounds] | None = None,
+    start: Mapping[str, int] | None = None,
+) -> list[Manifest]:
+    """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it): the engines
+    of the generation the spec asks for, and the router routing to `plan.route` (hpd_operator.generations). Without
+    a plan (nothing runs yet; `render`): generation 1, routed at once. Other generations the plan keeps are not
+    built: they stay as they are.
+
+    Autoscaling roles: the HPAs scale the generation the router routes to (`bounds`: their min/max from
+    scaling.compute_bounds; default: the user's ranges). While the spec's generation does not serve yet, its
+    autoscaling roles run at `start` (scaling.start_replicas: what the serving generation runs)."""
+    plan = plan or fresh_plan(generation_hash(cr, profile))
+    serving = not plan.rolling
     out: list[Manifest] = []
     for role in contract.ROLES:
-        out.append(build_engine_service(cr, role))
-        out.append(build_engine_deployment(cr, profile, role))
-        pdb = build_engine_pdb(cr, role)
+        out.append(build_engine_service(cr, role, plan.desired))
+        replicas = engine_replicas(cr, role, serving, (start or {}).get(role))
+        out.append(build_engine_deployment(cr, profile, role, plan.desired, replicas))
+        pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)
     out += build_router_rbac(cr)
     out.append(build_router_service(cr))
-    out.append(build_router_deployment(cr))
+    out.append(build_router_deployment(cr, plan.route))
     out += build_pod_monitors(cr)
     out += build_network_policies(cr)
-    out += build_autoscalers(cr, bounds)
+    out += build_autoscalers(cr, plan.route, bounds)
     return out

@@ -1,7 +1,10 @@
-"""A HorizontalPodAutoscaler (autoscaling/v2) per autoscaling role, on external metrics (pure).
+"""A HorizontalPodAutoscaler (autoscaling/v2) per autoscaling role of the serving generation, on external metrics
+(pure).
 
-The HPA scales the role's Deployment through its scale subresource; the Deployment the operator applies then leaves
-`spec.replicas` out (builders.engine), so the HPA's writes are the only ones (docs/autoscaling.md). Each signal is an
+The HPA scales the role's Deployment of the generation the router routes to (`<cr>-<role>-<hash>`, named like it)
+through its scale subresource; that Deployment, as the operator applies it, leaves `spec.replicas` out
+(builders.engine), so the HPA's writes are the only ones (docs/autoscaling.md). A generation that does not serve yet
+has no HPA (it runs the serving generation's counts); at the switch its own HPA is created and the old one's pruned. Each signal is an
 external metric (api.signals: served by a metrics adapter, e.g. prometheus-adapter with the chart's rules file)
 selected by this CR's and role's series labels, held at its per-replica average target. min/max come from
 `scaling.compute_bounds` (the user's range, narrowed by spec.ratio where it must).
@@ -15,7 +18,9 @@ from typing import Any
 from hpd_operator.api.models import AutoscalingSpec, HybridPDDeployment
 from hpd_operator.api.names import role_name
 from hpd_operator.api.signals import SIGNALS, selector
-from hpd_operator.builders.common import Manifest, metadata
+from hpd_operator.builders.common import Manifest
+from hpd_operator.builders.engine import generation_metadata
+from hpd_operator.generations import Generation
 from hpd_operator.scaling import Bounds, signals_of
 from hpd_runtime import contract
 
@@ -61,14 +66,15 @@ def _behavior(a: AutoscalingSpec) -> dict[str, Any]:
     }
 
 
-def build_autoscaler(cr: HybridPDDeployment, role: contract.Role, bounds: Bounds) -> Manifest:
+def build_autoscaler(cr: HybridPDDeployment, role: contract.Role, bounds: Bounds, gen: Generation) -> Manifest:
+    """The HPA of one role of generation `gen` (the serving one), named like the Deployment it scales."""
     a = cr.spec.role(role).autoscaling
     assert a is not None
-    name = role_name(cr.metadata.name, role)
+    name = role_name(cr.metadata.name, role, gen.hash)
     return {
         "apiVersion": HPA_API,
         "kind": "HorizontalPodAutoscaler",
-        "metadata": metadata(cr.metadata.name, cr.metadata.namespace, name, role),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicas": bounds.min_replicas,
@@ -89,12 +95,15 @@ def default_bounds(cr: HybridPDDeployment) -> dict[str, Bounds]:
     return out
 
 
-def build_autoscalers(cr: HybridPDDeployment, bounds: Mapping[str, Bounds] | None = None) -> list[Manifest]:
-    """One HPA per autoscaling role; `bounds` from scaling.compute_bounds (default: the user's ranges)."""
+def build_autoscalers(
+    cr: HybridPDDeployment, gen: Generation, bounds: Mapping[str, Bounds] | None = None
+) -> list[Manifest]:
+    """One HPA per autoscaling role of generation `gen` (the serving one); `bounds` from scaling.compute_bounds
+    (default: the user's ranges)."""
     have = dict(bounds) if bounds is not None else default_bounds(cr)
     defaults = default_bounds(cr)
     return [
-        build_autoscaler(cr, role, have.get(role) or defaults[role])
+        build_autoscaler(cr, role, have.get(role) or defaults[role], gen)
         for role in contract.ROLES
         if cr.spec.role(role).autoscaling is not None
     ]

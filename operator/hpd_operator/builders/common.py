@@ -53,3 +53,28 @@ def deep_merge(base: Any, override: Any) -> Any:
                 order.append(i["name"])
         return [merged[n] for n in order]
     return override
+
+
+# Security settings written out although they equal Kubernetes' defaults: server-side apply then makes the operator
+# their owner, so a hand edit of a child (`kubectl patch ... hostNetwork: true`) is drift that drift.mismatch sees
+# and the forced re-apply takes back; a field the operator never sets would be left to whoever set it. The
+# apiserver stores the pod-level false booleans not at all (omitempty), which drift.mismatch reads as equal, and
+# `privileged: false` as written, so neither makes the drift check fire again.
+POD_SECURITY_DEFAULTS: dict[str, Any] = {"hostNetwork": False, "hostPID": False, "hostIPC": False}
+"""The pod shares no namespace with the node."""
+
+
+def container_security_context(uid: int, **extra: Any) -> dict[str, Any]:
+    """The restricted container securityContext of every child container (PSS `restricted`), owned field by field.
+    The user, runAsNonRoot and seccompProfile repeat the pod's: a container's own value overrides the pod's, so a
+    hand edit there (`runAsUser: 0` with `runAsNonRoot: false`, `seccompProfile: Unconfined`) is taken back too."""
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": []},
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **extra,
+    }

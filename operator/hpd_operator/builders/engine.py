@@ -1,4 +1,8 @@
-"""Prefill/decode Deployments, their headless Services and PodDisruptionBudgets (pure)."""
+"""Prefill/decode Deployments, their headless Services and PodDisruptionBudgets, one set per generation (pure).
+
+`engine_pod_template` is what a generation is made of (its hash is the generation's id, hpd_operator.generations);
+the per-generation builders add the generation's labels, names and selectors to it and point decode's pair check at
+its own generation's prefill Service."""
 
 from __future__ import annotations
 
@@ -8,9 +12,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.api.names import role_name, selector_labels
-from hpd_operator.builders.common import Manifest, deep_merge, labels, metadata
-from hpd_operator.profile import Profile, drain_grace_seconds, gemm_warmup_seconds
+from hpd_operator.api.names import prefill_service_host, role_name, selector_labels
+from hpd_operator.builders.common import (
+    POD_SECURITY_DEFAULTS,
+    Manifest,
+    container_security_context,
+    deep_merge,
+    labels,
+    metadata,
+)
+from hpd_operator.generations import Generation, hash_templates
+from hpd_operator.profile import drain_grace_seconds, gemm_warmup_seconds
+from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -87,8 +100,9 @@ def _exec_probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> Manifest:
-    name, ns, rs = cr.metadata.name, cr.metadata.namespace, cr.spec.role(role)
+def engine_pod_template(cr: HybridPDDeployment, profile: Profile, role: contract.Role) -> dict[str, Any]:
+    """The role's pod template without any generation in it: what the generation hash is computed from."""
+    name, rs = cr.metadata.name, cr.spec.role(role)
     template: dict[str, Any] = {"metadata": {"labels": labels(name, role)}, "spec": _engine_pod_spec(cr, profile, role)}
     if rs.pod_template is not None:
         # Only the fields the PodTemplate model admits can be here (the operator-owned and host-level ones are
@@ -96,20 +110,71 @@ def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: cont
         template = deep_merge(template, _plain(rs.pod_template))
         # Our labels win: the selector and the router's discovery depend on them.
         template["metadata"]["labels"] = {**template["metadata"].get("labels", {}), **labels(name, role)}
-    spec: dict[str, Any] = {} if rs.autoscaling is not None else {"replicas": rs.replicas}
+    return template
+
+
+def generation_hash(cr: HybridPDDeployment, profile: Profile) -> str:
+    """The id of the generation the spec asks for: a hash of both roles' pod templates (replicas, the router,
+    monitoring and network policy are not in them)."""
+    return hash_templates({role: engine_pod_template(cr, profile, role) for role in contract.ROLES})
+
+
+def _in_generation(template: dict[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
+    """The template of one generation: its labels on the pods, and decode's HPD_PREFILL_SERVICE (the profile names the
+    role's Service without a generation) pointed at this generation's prefill Service, so the pair check and the
+    re-checks after Ready only ever see prefill pods of the same generation."""
+    md = {**template["metadata"], "labels": {**template["metadata"]["labels"], **gen.labels()}}
+    spec = dict(template["spec"])
+    host = prefill_service_host(cr.metadata.name, cr.metadata.namespace, gen.hash)
+    spec["containers"] = [
+        {**c, "env": [{**e, "value": host} if e.get("name") == contract.ENV_PREFILL_SERVICE else e for e in c["env"]]}
+        if c.get("name") == CONTAINER_NAME
+        else c
+        for c in spec["containers"]
+    ]
+    return {**template, "metadata": md, "spec": spec}
+
+
+def progress_deadline_seconds(cr: HybridPDDeployment) -> int:
+    """The Deployment's progressDeadlineSeconds: the startup probe's whole budget (model load, GEMM sweep, warmup)
+    and a minute, so Kubernetes reports a generation that never becomes available (ProgressDeadlineExceeded: the
+    rollout is stuck) only after its pods had all the time they are allowed."""
+    w = cr.spec.warmup
+    return startup_failure_threshold(w.timeout_seconds, gemm_warmup_seconds(w)) * STARTUP_PERIOD_SECONDS + 60
+
+
+def engine_replicas(cr: HybridPDDeployment, role: contract.Role, serving: bool, start: int | None = None) -> int | None:
+    """The replicas the operator writes into a role's Deployment of the spec's generation (None: it leaves the field
+    out). A role that does not autoscale: spec.<role>.replicas. An autoscaling role's HPA owns the field once the
+    generation serves (`serving`); a generation that does not serve yet starts at `start`, the count the serving
+    generation runs (scaling.start_replicas), so the switch does not drop capacity; its own HPA takes over when
+    traffic moves to it (docs/autoscaling.md)."""
+    rs = cr.spec.role(role)
+    if rs.autoscaling is None:
+        return rs.replicas
+    if serving:
+        return None
+    return start if start is not None else rs.replicas
+
+
+def build_engine_deployment(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, gen: Generation, replicas: int | None
+) -> Manifest:
+    """The role's Deployment of one generation; `replicas` None leaves the field out (an autoscaling role: its HPA
+    owns it, so no apply of the operator ever resets what the autoscaler chose)."""
+    name = cr.metadata.name
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(name, ns, role_name(name, role), role),
-        # An autoscaling role leaves replicas out: the HPA owns the field (server-side apply: the operator's applied
-        # config no longer lists it), so no apply of the operator ever resets what the autoscaler chose.
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
-            **spec,
-            "selector": {"matchLabels": selector_labels(name, role)},
-            # GPUs are the scarce resource: never surge (a surge pod would wait for GPUs that do not exist);
-            # replace one pod at a time instead.
+            **({"replicas": replicas} if replicas is not None else {}),
+            "selector": {"matchLabels": selector_labels(name, role, gen.hash)},
+            # A generation's template never changes (a changed template is a new generation); the strategy only
+            # matters for a pod replaced in place. GPUs are the scarce resource: never surge, one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": template,
+            "progressDeadlineSeconds": progress_deadline_seconds(cr),
+            "template": _in_generation(engine_pod_template(cr, profile, role), cr, gen),
         },
     }
 
@@ -120,6 +185,7 @@ def _engine_pod_spec(cr: HybridPDDeployment, profile: Profile, role: contract.Ro
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
         "automountServiceAccountToken": False,
+        **POD_SECURITY_DEFAULTS,
         "containers": [_engine_container(cr, profile, role, mounts)],
         "volumes": volumes,
         "securityContext": {
@@ -169,10 +235,10 @@ def _engine_container(
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
         # A leaving pod stops new work and finishes what it holds before SIGTERM (hpd_runtime.drain).
         "lifecycle": {"preStop": {"exec": {"command": list(contract.DRAIN_COMMAND)}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"], **({"add": list(rp.capabilities)} if rp.capabilities else {})},
-        },
+        # the fabric's capabilities (rdma: IPC_LOCK) are the only ones added; an empty list takes any other back
+        "securityContext": container_security_context(
+            RUN_AS_USER, capabilities={"drop": ["ALL"], "add": list(rp.capabilities)}
+        ),
     }
 
 
@@ -211,17 +277,25 @@ def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifest:
-    """Headless: DNS lists only Ready pods (publishNotReadyAddresses false); the decode pair check relies on it."""
-    name, ns = cr.metadata.name, cr.metadata.namespace
+def generation_metadata(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> dict[str, Any]:
+    name = cr.metadata.name
+    md = metadata(name, cr.metadata.namespace, role_name(name, role, gen.hash), role)
+    md["labels"].update(gen.labels())
+    return md
+
+
+def build_engine_service(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> Manifest:
+    """Headless, one per generation: DNS lists only the generation's Ready pods (publishNotReadyAddresses false);
+    the decode pair check relies on it."""
+    name = cr.metadata.name
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(name, ns, role_name(name, role), role),
+        "metadata": generation_metadata(cr, role, gen),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": False,
-            "selector": selector_labels(name, role),
+            "selector": selector_labels(name, role, gen.hash),
             "ports": [
                 {
                     "name": contract.PORT_NAME_HTTP,
@@ -240,17 +314,16 @@ def build_engine_service(cr: HybridPDDeployment, role: contract.Role) -> Manifes
     }
 
 
-def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role) -> Manifest | None:
-    """One voluntary disruption at a time, only when the role has (or may autoscale to) >= 2 replicas (with one, a
-    PDB would either block node drains forever or protect nothing)."""
+def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> Manifest | None:
+    """One voluntary disruption at a time per generation, only when the role has (or may autoscale to) >= 2 replicas
+    (with one, a PDB would either block node drains forever or protect nothing)."""
     rs = cr.spec.role(role)
     most = rs.autoscaling.max_replicas if rs.autoscaling is not None else rs.replicas
     if most < 2:
         return None
-    name, ns = cr.metadata.name, cr.metadata.namespace
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": metadata(name, ns, role_name(name, role), role),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name, role)}},
+        "metadata": generation_metadata(cr, role, gen),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(cr.metadata.name, role, gen.hash)}},
     }

@@ -3,6 +3,12 @@
 Every scraped series gets `role` (prefill, decode or router: the pod's component label, not a pod-name regex) and
 `hybridpddeployment` (the CR's full name, also on the operator's per-CR series), besides the `namespace`, `pod` and
 `container` labels the Prometheus Operator adds. The dashboard and the alert rules select on these labels.
+
+Both engine endpoints are on the runtime port: the runtime's own `/metrics` and vLLM's metrics, which the runtime
+relays at `/vllm/metrics` (hpd_runtime.readiness), so Prometheus never needs vLLM's API port, which also serves
+completions (builders/network.py admits it on the runtime port only). Two endpoints on one port would give their
+targets the same `job`, `instance` and `endpoint` labels (the Prometheus Operator sets `endpoint` to the port name)
+and their `up` series would collide: the vLLM endpoint's `endpoint` label is relabeled to `vllm`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ ROLE_LABEL = "role"
 """The metric label that carries prefill/decode/router."""
 CR_LABEL = "hybridpddeployment"
 """The metric label that carries the owning HybridPDDeployment's name."""
+ENDPOINT_LABEL = "endpoint"
+"""The Prometheus Operator's per-endpoint target label (the port name unless a relabeling sets it)."""
+VLLM_ENDPOINT = "vllm"
+"""`endpoint` of the vLLM metrics target (it shares the runtime port with the runtime's own metrics)."""
 
 
 def _meta_label(pod_label: str) -> str:
@@ -34,13 +44,13 @@ def relabelings(cr_name: str) -> list[dict[str, Any]]:
     ]
 
 
-def _endpoint(cr: HybridPDDeployment, port: str) -> dict[str, Any]:
-    return {
-        "port": port,
-        "path": contract.PATH_METRICS,
-        "interval": cr.spec.monitoring.interval,
-        "relabelings": relabelings(cr.metadata.name),
-    }
+def _endpoint(
+    cr: HybridPDDeployment, port: str, path: str = contract.PATH_METRICS, endpoint_label: str | None = None
+) -> dict[str, Any]:
+    relabel = relabelings(cr.metadata.name)
+    if endpoint_label is not None:
+        relabel.append({"action": "replace", "targetLabel": ENDPOINT_LABEL, "replacement": endpoint_label})
+    return {"port": port, "path": path, "interval": cr.spec.monitoring.interval, "relabelings": relabel}
 
 
 def _pod_monitor(cr: HybridPDDeployment, suffix: str, component: str, spec: dict[str, Any]) -> Manifest:
@@ -64,7 +74,10 @@ def build_pod_monitors(cr: HybridPDDeployment) -> list[Manifest]:
                     {"key": contract.LABEL_COMPONENT, "operator": "In", "values": list(contract.ROLES)}
                 ],
             },
-            "podMetricsEndpoints": [_endpoint(cr, contract.PORT_NAME_HTTP), _endpoint(cr, contract.PORT_NAME_RUNTIME)],
+            "podMetricsEndpoints": [
+                _endpoint(cr, contract.PORT_NAME_RUNTIME, contract.PATH_VLLM_METRICS, VLLM_ENDPOINT),
+                _endpoint(cr, contract.PORT_NAME_RUNTIME),
+            ],
         },
     )
     router = _pod_monitor(

@@ -2,8 +2,10 @@
 
 Engines (`<cr>-engines`): ingress from the router pods on the vLLM API port, from the engines of the same CR on
 any port (the API for the pair check, the NIXL side channel, and UCX, which listens on ephemeral ports over TCP;
-RDMA traffic bypasses NetworkPolicy anyway), and from Prometheus on the API (vLLM serves /metrics there) and
-runtime ports. With restrictEgress: egress only to DNS, the same CR's engines and HTTPS.
+RDMA traffic bypasses NetworkPolicy anyway), and from Prometheus on the runtime port only: vLLM's API port serves
+completions to anyone who reaches it, and Prometheus' peer is a label any tenant can put on a pod (in any namespace
+by default), so vLLM's own metrics are scraped where the runtime relays them (`/vllm/metrics`, GET only).
+With restrictEgress: egress only to DNS, the same CR's engines and HTTPS.
 Router (`<cr>-router`): ingress from anyone on the endpoint port (it is the endpoint), from Prometheus on its
 metrics port; egress open (it watches pods through the apiserver, which no pod selector can name).
 Kubelet probes come from the node, which the common network plugins always admit.
@@ -51,7 +53,7 @@ def build_engines_network_policy(cr: HybridPDDeployment) -> Manifest:
                 "ports": _tcp(contract.PORT_NAME_HTTP),
             },
             {"from": [engines]},
-            {"from": [_prometheus_peer(cr)], "ports": _tcp(contract.PORT_NAME_HTTP, contract.PORT_NAME_RUNTIME)},
+            {"from": [_prometheus_peer(cr)], "ports": _tcp(contract.PORT_NAME_RUNTIME)},
         ],
     }
     if cr.spec.network_policy.restrict_egress:

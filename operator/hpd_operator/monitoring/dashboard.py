@@ -178,6 +178,55 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Data path after Ready",
+        (
+            Panel(
+                "KV rate measured by decode's checks",
+                "Bps",
+                (
+                    Query(
+                        f"max by (pod, fabric) (hpd_runtime_kv_transfer_bytes_per_second{{{DECODE}}})",
+                        "{{pod}} over {{fabric}}",
+                    ),
+                ),
+                "The rate of the last pair check or canary's own transfers (decode's NIXL counters around it). "
+                "Under spec.kvTransfer.floorGBps (rdma: 5 GB/s) the runtime reports the path as slow.",
+            ),
+            Panel(
+                "KV bytes per request (last check)",
+                "bytes",
+                (
+                    Query(
+                        f"max by (pod) (hpd_runtime_kv_transfer_bytes_per_request{{{DECODE}}})",
+                        "{{pod}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Canary round trips",
+                "short",
+                (
+                    Query(
+                        f"sum by (result) (increase(hpd_runtime_canary_checks_total{{{DECODE}}}[{RATE}]))",
+                        "{{result}}",
+                    ),
+                ),
+                "ok / differs (decode turns not Ready) / error (the peer did not answer). The canary's requests "
+                "reach the engines directly: the Router row's panels count user traffic only.",
+            ),
+            Panel(
+                "Seconds since the last canary that passed",
+                "s",
+                (
+                    Query(
+                        f"time() - max by (pod) (hpd_runtime_canary_last_success_timestamp_seconds{{{DECODE}}})",
+                        "{{pod}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
         "Readiness and warmup",
         (
             Panel(

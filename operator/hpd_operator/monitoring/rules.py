@@ -99,6 +99,39 @@ KV_TRANSFER = (
         "transfer on the dashboard.",
     ),
     Alert(
+        name="HPDKVPathBelowFabricFloor",
+        expr=f'max by ({POD}) (hpd_runtime_kv_transfer_below_floor{{role="decode"}}) == 1',
+        for_="10m",
+        severity="warning",
+        summary="KV moves below the declared fabric's floor on decode pod {{ $labels.pod }}",
+        description="The last pair check or canary of {{ $labels.namespace }}/{{ $labels.pod }} measured a KV rate "
+        "under spec.kvTransfer.floorGBps (rdma: 5 GB/s): the pods serve, but every request pays a slow transfer.",
+        runbook="Did UCX fall back to TCP? Check the RDMA devices in the pod (spec.kvTransfer.rdma), "
+        "spec.kvTransfer.ucx.netDevices, GPUDirect (nvidia-peermem) on the node; decode's /readyz names the rate.",
+    ),
+    Alert(
+        name="HPDCanaryFailing",
+        expr=f'sum by ({POD}) (increase(hpd_runtime_canary_checks_total{{role="decode",result!="ok"}}[15m])) > 0',
+        for_="0m",
+        severity="warning",
+        summary="Decode pod {{ $labels.pod }}'s P->D canary failed",
+        description="A canary round trip of {{ $labels.namespace }}/{{ $labels.pod }} failed in the last 15 minutes "
+        "(differs: that decode turned not Ready with the reason; error: a prefill did not answer).",
+        runbook="kubectl describe hpd: the DecodeReady condition carries the runtime's reason; two failures in a row "
+        "restart decode's vLLM.",
+    ),
+    Alert(
+        name="HPDCanaryStale",
+        expr=(f'(time() - max by ({POD}) (hpd_runtime_canary_last_success_timestamp_seconds{{role="decode"}})) > 1800'),
+        for_="5m",
+        severity="warning",
+        summary="No passing canary for 30 minutes on decode pod {{ $labels.pod }}",
+        description="The data path of {{ $labels.namespace }}/{{ $labels.pod }} has not been re-proved for 30 "
+        "minutes (6 default periods): the canary stopped or keeps failing.",
+        runbook="Check the decode log for canary lines and spec.warmup.canarySeconds (0 = off: then this series "
+        "never appears).",
+    ),
+    Alert(
         name="HPDDecodeRecomputingPrompts",
         expr=(
             f"sum by ({CR}) "

@@ -44,6 +44,28 @@ class Option:
     """0 (a switch), 1, '?', '*', '+', an int > 1, or '...' (takes the rest)."""
     canonical: str
     """The action's first long option string, for messages (`--tensor-parallel-size` for `-tp`)."""
+    value_type: str | None = None
+    """How argparse converts the value, where it can fail: `int`, `float`, or `int?`/`float?` (vLLM's
+    optional_type, which also takes "" and "None"); None: not checked here."""
+    choices: tuple[str, ...] | None = None
+    """The values argparse accepts, when the action has choices."""
+
+    def value_error(self, value: str) -> str | None:
+        """Why vLLM's parser would refuse `value` for this option (None: it accepts it, as far as is known)."""
+        if value == "--":  # argparse drops a `--` from an option's values
+            return None
+        optional_none = value in ("", "None") and self.choices is not None and "None" in self.choices
+        if self.choices is not None and value not in self.choices and not optional_none:
+            shown = ", ".join(self.choices[:12]) + (", ..." if len(self.choices) > 12 else "")
+            return f"invalid choice {value!r} (choose from {shown})"
+        vtype = self.value_type
+        if vtype is None or (vtype.endswith("?") and value in ("", "None")):
+            return None
+        try:
+            (int if vtype.rstrip("?") == "int" else float)(value)
+        except ValueError:
+            return f"invalid {vtype.rstrip('?')} value: {value!r}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,20 @@ class Item:
 # ---------------------------------------------------------------------------------------------------------------
 # Loading the generated lists
 # ---------------------------------------------------------------------------------------------------------------
+def value_errors(table: FlagTable, item: Item, args: list[str]) -> list[tuple[int, str, str]]:
+    """(argv index, the option's canonical name, why) for each value of the option `item` that argparse would refuse
+    (its type or choices, as far as the list records them; JSON sub-keys `--x.k v` are not checked)."""
+    option = table.options.get(item.option_string or "")
+    if item.kind != "option" or option is None:
+        return []
+    name, eq, inline = item.text.partition("=")
+    if name.startswith("--") and "." in name:  # vLLM turns `--x.k v` into `--x '{"k": v}'`: never an int or a choice
+        checked = option.value_type is not None or option.choices is not None
+        return [(item.index, option.canonical, "takes one plain value, not JSON sub-keys")] if checked else []
+    values = [(item.index, inline)] if eq else [(i, args[i]) for i in item.values]
+    return [(i, option.canonical, why) for i, v in values if (why := option.value_error(v)) is not None]
+
+
 def minor_of(version: str) -> str:
     """`0.20.0` -> `0.20`, the name of its list (`version` itself when it is no version)."""
     v = parse_version(version, prefix=True)
@@ -113,7 +149,16 @@ def flag_table(version: str) -> FlagTable | None:
 def table_from_json(data: dict[str, Any]) -> FlagTable:
     if data.get("schema") != SCHEMA_VERSION:  # pragma: no cover - a list from a newer generator
         raise ValueError(f"vLLM flag list schema {data.get('schema')!r} != {SCHEMA_VERSION}")
-    opts = {s: Option(dest=o["dest"], nargs=o["nargs"], canonical=o["canonical"]) for s, o in data["options"].items()}
+    opts = {
+        s: Option(
+            dest=o["dest"],
+            nargs=o["nargs"],
+            canonical=o["canonical"],
+            value_type=o.get("type"),
+            choices=tuple(o["choices"]) if o.get("choices") is not None else None,
+        )
+        for s, o in data["options"].items()
+    }
     return FlagTable(
         vllm_version=data["vllm"],
         options=opts,

@@ -1,0 +1,168 @@
+"""bench/gpu/run.py's decode steps (issue #31): restart-decode, replace-decode and canary, checked on the CPU with
+the vLLM stand-in (tests/runtime/fake_vllm.py, started by our own launcher through HPD_VLLM_COMMAND, as the
+runtime tests do) and a real vllm-router, so the GPU call runs code whose schedule and bookkeeping already ran."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from hpd_operator.profile import drain_grace_seconds
+from hpd_runtime import contract
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench" / "gpu"
+FAKE_VLLM = REPO / "tests" / "runtime" / "fake_vllm.py"
+
+
+def load_run(name: str) -> ModuleType:
+    """A private copy of run.py (its PORTS are shifted per test without touching other tests' copy)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / "run.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run = load_run("bench_gpu_run_decode")
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpd_operator", "render", "-f", str(BENCH / "sample-crs.yaml"), "-o", "json"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def completion(ids: list[int], lps: list[float]) -> dict[str, Any]:
+    return {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": lps}}], "usage": {"prompt_tokens": 10}}
+
+
+# --- pure parts -----------------------------------------------------------------------------------------------------
+def test_the_replacement_decode_is_the_rendered_decode_with_a_new_pod_address_and_ports(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    roles = run.role_commands(rendered, "tiny-eager", tmp_path / "model", tmp_path / "cache")
+    b = run.Bench(
+        rendered, "tiny-eager", "", tmp_path / "model", tmp_path / "cache", tmp_path, tmp_path, "m", {}, roles
+    )
+    new = b.new_decode("0")
+    old = roles["decode"]
+    assert new.name == "decode-new" and new.host == run.NEW_POD_IP == "127.0.0.2"
+    diff = [(a, b_) for a, b_ in zip(old.argv, new.argv, strict=True) if a != b_]
+    assert diff == [(str(run.PORTS["decode"]["vllm"]), str(run.PORTS["decode-new"]["vllm"]))]  # --port only
+    changed = {k for k in {*old.env, *new.env} if old.env.get(k) != new.env.get(k)}
+    assert changed == {
+        "HPD_POD_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "HPD_VLLM_PORT",
+        "HPD_RUNTIME_PORT", "HPD_RUNTIME_HOST", "HPD_CANARY_SECONDS", "PYTHONPATH",
+    }  # fmt: skip
+    assert new.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == new.env["HPD_POD_IP"] == "127.0.0.2"  # $(HPD_POD_IP) expanded
+    assert new.env["HPD_CANARY_SECONDS"] == "0" and old.env["HPD_CANARY_SECONDS"] == "300"  # as rendered
+    assert new.env["HPD_PREFILL_SERVICE"] == old.env["HPD_PREFILL_SERVICE"]  # the same prefill
+    assert "gemm-warmup-plugin" in new.env["PYTHONPATH"]  # the plugin, as the image and the first decode have it
+    # the rendered decode pod's terminationGracePeriodSeconds: sized for the default drain (docs/autoscaling.md)
+    assert b.grace() == drain_grace_seconds(contract.DRAIN_TIMEOUT_SECONDS_DEFAULT)
+
+
+def test_an_answer_is_identical_close_or_different_by_the_runtimes_output_check() -> None:
+    ref = completion([5, 6, 7, 8], [-1.0, -1.1, -1.2, -1.3])
+    assert run.judge(completion([5, 6, 7, 8], [-1.0, -1.1, -1.2, -1.3]), ref, 10)["outcome"] == "identical"
+    # ids diverge at a near-tie (TP or batch rounding): the gap at the first divergent token is within the bound
+    close = run.judge(completion([5, 6, 9, 9], [-1.0, -1.1, -1.2005, -1.3]), ref, 10)
+    assert close["outcome"] == "close" and close["gap"] < 0.01
+    assert run.judge(completion([0, 0, 0, 0], [-4.0, -4.1, -4.2, -4.3]), ref, 10)["outcome"] == "DIFFERENT"
+    assert run.judge(completion([5, 6, 7, 8], [float("nan")] * 4), ref, 10)["outcome"] == "DIFFERENT"
+
+
+def test_summaries_count_outcomes_and_take_nearest_rank_percentiles() -> None:
+    reqs = [{"outcome": "identical", "s": i / 100} for i in range(1, 101)] + [{"outcome": "error"}]
+    s = run.summarize(reqs)
+    assert s["requests"] == 101 and s["outcomes"] == {"identical": 100, "error": 1}
+    assert s["latency_s"]["p50"] == 0.5 and s["latency_s"]["p99"] == 0.99 and s["latency_s"]["max"] == 1.0
+    assert run.metric_sums('hpd_runtime_canary_checks_total{result="ok"} 3.0\nother 1\n', ("hpd_runtime_canary",)) == {
+        'hpd_runtime_canary_checks_total{result="ok"}': 3.0
+    }
+
+
+# --- the steps against the stand-in ---------------------------------------------------------------------------------
+def free_ports(mod: ModuleType) -> None:
+    socks = []
+    for ports in (*mod.PORTS.values(), mod.ROUTER_PORTS):
+        for k in ports:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports[k] = s.getsockname()[1]
+    for s in socks:
+        s.close()
+
+
+def test_restart_replace_and_canary_steps_on_the_stand_in(
+    rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU call's plan, `tiny-eager:cold+restart-decode+replace-decode+canary`, with vLLM replaced by the
+    stand-in: every phase runs, each answer is judged, the decode restarts on its address, the replacement serves
+    from 127.0.0.2 through a second router after the old decode departed, and the canary ran only in the on phase."""
+    free_ports(run)
+    monkeypatch.setattr(run, "LOAD_PHASE_S", 2.0)
+    monkeypatch.setattr(run, "BEFORE_S", 0.5)
+    monkeypatch.setattr(run, "AFTER_S", 1.0)
+    monkeypatch.setattr(run, "CANARY_ON_SECONDS", "0.5")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # python3 = ours
+    fake = f"{sys.executable} {FAKE_VLLM}"
+    args = argparse.Namespace(
+        out=tmp_path / "out", work=tmp_path / "work", model_dir=None, t_end=time.perf_counter() + 240
+    )
+    args.out.mkdir()
+    report: dict[str, Any] = {"runs": {}}
+    steps = ["cold", "restart-decode", "replace-decode", "canary"]
+    run.run_step(f"tiny-eager@env+HPD_VLLM_COMMAND={fake}", steps, rendered, args, report)
+    (res,) = report["runs"].values()
+    assert "error" not in res, res.get("error")
+    d = res["decode_steps"]
+    phases = d["traffic"]["by_phase"]
+    assert not any("DIFFERENT" in p["outcomes"] for p in phases.values()), phases
+    for phase in ("canary-on", "restart-after", "replace-switched", "replace-after", "canary-off"):
+        assert phases[phase]["outcomes"].get("identical", 0) >= 1 and "error" not in phases[phase]["outcomes"], phase
+
+    r = d["restart_decode"]
+    assert r["exit_code"] == 0 and r["t_sigterm"] < r["t_gone"] <= r["t_ready"]
+    assert [c["ok"] for c in r["pair_checks"]] == [True]  # the restarted decode proved its pair before Ready
+    statuses = [s for _, s, _ in d["traffic"]["readyz"]["decode"]]
+    assert 200 in statuses and statuses.index(200) < len(statuses) - 1 and statuses[-1] == 0  # up, down, ..., gone
+
+    p = d["replace_decode"]
+    assert p["new_pod_ip"] == "127.0.0.2" and p["new_side_channel"] == f"127.0.0.2:{run.PORTS['decode-new']['side']}"
+    assert p["old_exit_code"] == 0 and p["new_colocated_equals_old"] and [c["ok"] for c in p["pair_checks"]] == [True]
+    after = [x for x in d["traffic"]["requests"] if x["phase"] in ("replace-after", "canary-off")]
+    assert after and {x["router"] for x in after} == {"router-2"}
+
+    on, off = d["canary_on"], d["canary_off"]
+    assert (
+        on["canary_seconds"] == "0.5"
+        and on["canary_events_in_phase"]
+        and all(e["ok"] for e in on["canary_events_in_phase"])
+    )
+    assert on["canary_checks_after"]['hpd_runtime_canary_checks_total{result="ok"}'] >= 1
+    assert off["canary_seconds"] == "0" and off["canary_events_total"] == 0 and off["all"]["latency_s"]["p50"] > 0
+    assert on["overlapping_a_canary"]["requests"] + on["not_overlapping"]["requests"] == len(
+        [x for x in d["traffic"]["requests"] if x["phase"] == "canary-on" and "s" in x]
+    )
+    assert d["prefill_log"]["errors"] == 0 and d["summary"]["canary_on"]["canaries_in_phase"] >= 1
+    assert set(res["exit_codes_after_sigterm"]) == {"prefill", "decode", "decode-new"}
+    assert res["canary_step"] == "decode: HPD_CANARY_SECONDS=0.5 (was '300')"
