@@ -28,7 +28,7 @@ from hpd_runtime import contract
 
 from .conftest import Operator
 from .engine_metrics import EngineMetrics
-from .kube import create, get_cr, hold, kubectl, patch_spec
+from .kube import create, engine_deployment, get_cr, hold, kubectl, patch_spec, serving
 
 pytestmark = pytest.mark.cluster
 HPA_MANAGER = "kube-controller-manager"
@@ -61,13 +61,19 @@ def _replicas_owners(obj: Any) -> list[str]:
 
 @dataclass
 class Recorder:
-    """Every replica change of the CR's engine Deployments, in the order the apiserver stored them."""
+    """Every replica change of the CR's engine Deployments, in the order the apiserver stored them, per generation
+    (docs/rollouts.md: each generation has its own Deployments)."""
 
     api: client.ApiClient
     ns: str
     cr: str
-    current: dict[str, int] = field(default_factory=dict)
-    changes: list[tuple[float, str, int, int, list[str]]] = field(default_factory=list)
+    gens: dict[str, dict[str, int]] = field(default_factory=dict)
+    """generation hash -> role -> its Deployment's replicas."""
+    first: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(generation, role) -> the replicas its Deployment was first seen with (created with, when the watch saw it)."""
+    numbers: dict[str, int] = field(default_factory=dict)
+    changes: list[tuple[float, str, int, int, list[str], str]] = field(default_factory=list)
+    """(time, role, old, new, owners of spec.replicas after it, generation)."""
     pairs: list[tuple[int, int]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -85,27 +91,62 @@ class Recorder:
                                timeout_seconds=5):  # fmt: skip
                 obj = ev["object"]
                 rv = obj.metadata.resource_version
-                role = (obj.metadata.labels or {}).get(contract.LABEL_COMPONENT)
-                if role in contract.ROLES and ev["type"] != "DELETED":
-                    self._seen(role, obj)
+                labels = obj.metadata.labels or {}
+                role, gen = labels.get(contract.LABEL_COMPONENT), labels.get(contract.LABEL_GENERATION)
+                if role in contract.ROLES and gen and ev["type"] != "DELETED":
+                    self._seen(gen, int(labels.get(contract.LABEL_GENERATION_NUMBER) or 0), role, obj)
                 if self.stop.is_set():
                     w.stop()
 
-    def _seen(self, role: str, obj: Any) -> None:
-        n, old = int(obj.spec.replicas), self.current.get(role)
+    def _seen(self, gen: str, number: int, role: str, obj: Any) -> None:
+        self.numbers[gen] = number
+        current = self.gens.setdefault(gen, {})
+        n, old = int(obj.spec.replicas), current.get(role)
+        self.first.setdefault((gen, role), n)
         if n == old:
             return
-        self.current[role] = n
+        current[role] = n
         if old is not None:
-            self.changes.append((time.monotonic(), role, old, n, _replicas_owners(obj)))
-        if len(self.current) == 2:
-            self.pairs.append((self.current["prefill"], self.current["decode"]))
+            self.changes.append((time.monotonic(), role, old, n, _replicas_owners(obj), gen))
+        if len(current) == 2:
+            self.pairs.append((current["prefill"], current["decode"]))
+
+    @property
+    def current(self) -> dict[str, int]:
+        """Role -> replicas of the newest generation seen."""
+        if not self.numbers:
+            return {}
+        return self.gens[max(self.numbers, key=lambda g: self.numbers[g])]
 
     def at(self, prefill: int, decode: int) -> bool:
         return self.current.get("prefill") == prefill and self.current.get("decode") == decode
 
-    def writes_not_by_the_autoscaler(self) -> list[tuple[float, str, int, int, list[str]]]:
+    def writes_not_by_the_autoscaler(self) -> list[tuple[float, str, int, int, list[str], str]]:
         return [c for c in self.changes if c[4] != [f"{HPA_MANAGER}/scale"]]
+
+
+def _engine(api: client.ApiClient, ns: str, cr: str, role: str) -> Any:
+    """The role's Deployment of the generation CR `cr` serves (waits for the router that says which one)."""
+
+    def found() -> Any:
+        try:
+            return engine_deployment(api, ns, cr, role)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            return None
+
+    return wait_for(found, 30, what=f"{cr}'s serving {role} Deployment")
+
+
+def _hpas(api: client.ApiClient, ns: str, cr: str) -> dict[str, Any]:
+    """HPA name -> HPA, of CR `cr`."""
+    items = (
+        client.AutoscalingV2Api(api)
+        .list_namespaced_horizontal_pod_autoscaler(ns, label_selector=f"{contract.LABEL_INSTANCE}={cr}")
+        .items
+    )
+    return {h.metadata.name: h for h in items}
 
 
 def _cr(name: str, **spec: Any) -> dict[str, Any]:
@@ -146,8 +187,11 @@ def test_each_role_follows_its_own_signal_within_the_ratio_and_the_operator_neve
     threading.Thread(target=_syncing, args=(stack, api_client, ns, name, stop), daemon=True).start()
     try:
         wait_for(lambda: rec.at(1, 1), 60, what="both roles at 1")
-        hpas = client.AutoscalingV2Api(api_client)
-        hpa = wait_for(lambda: hpas.read_namespaced_horizontal_pod_autoscaler(f"{name}-prefill", ns), 30, what="HPA")
+        prefill = _engine(api_client, ns, name, "prefill").metadata.name  # <cr>-prefill-<hash>
+        hpa = wait_for(
+            lambda: _hpas(api_client, ns, name).get(prefill), 30, what="prefill's HPA, named like its Deployment"
+        )
+        assert hpa.spec.scale_target_ref.name == prefill
         assert hpa.spec.metrics[0].external.metric.name == "hpd_vllm_waiting_requests"
 
         # prefill's queue grows: 10 waiting over a target of 4 -> 3 prefill; the ratio (decode/prefill in [1, 2])
@@ -180,7 +224,7 @@ def test_each_role_follows_its_own_signal_within_the_ratio_and_the_operator_neve
         stop.set()
         rec.stop.set()
     print(f"\nscale-up prefill 1->3: {up_prefill:.1f} s; decode 3->4: {up_decode:.1f} s; "
-          f"scale-down 3/4 -> 1/1: {down:.1f} s; steps: {[(r, a, b) for _, r, a, b, _ in rec.changes]}")  # fmt: skip
+          f"scale-down 3/4 -> 1/1: {down:.1f} s; steps: {[(r, a, b) for _, r, a, b, *_ in rec.changes]}")  # fmt: skip
     assert not _in_band(rec.pairs, 1, 2), rec.pairs
     assert not rec.writes_not_by_the_autoscaler(), rec.writes_not_by_the_autoscaler()
 
@@ -222,10 +266,9 @@ def test_a_role_that_starts_to_autoscale_keeps_its_replicas_and_gets_them_back_w
         stack.set_load(ns, name, "decode", kvCacheUsage=1.0)  # ceil(1.0 / 0.7) = 2: the autoscaler keeps 2
         wait_for(lambda: rec.current.get("decode") == 2, 60, what="decode at 2 (pinned)")
         patch_spec(api_client, ns, name, {"decode": {"autoscaling": {"minReplicas": 1, "maxReplicas": 4}}})
-        apps = client.AppsV1Api(api_client)
 
         def handed_off() -> bool:
-            owners = _replicas_owners(apps.read_namespaced_deployment(f"{name}-decode", ns))
+            owners = _replicas_owners(_engine(api_client, ns, name, "decode"))
             return contract.FIELD_MANAGER not in owners
 
         wait_for(handed_off, 60, what="decode replicas no longer owned by the operator")
@@ -235,9 +278,78 @@ def test_a_role_that_starts_to_autoscale_keeps_its_replicas_and_gets_them_back_w
 
         patch_spec(api_client, ns, name, {"decode": {"autoscaling": None, "replicas": 3}})
         wait_for(lambda: rec.current.get("decode") == 3, 60, what="decode pinned at 3 again")
-        autoscaling = client.AutoscalingV2Api(api_client)
-        wait_for(lambda: not [h for h in autoscaling.list_namespaced_horizontal_pod_autoscaler(ns).items
-                              if h.metadata.name == f"{name}-decode"], 60, what="decode's HPA pruned")  # fmt: skip
+
+        def scaled_roles() -> set[str]:
+            return {h.metadata.labels[contract.LABEL_COMPONENT] for h in _hpas(api_client, ns, name).values()}
+
+        wait_for(lambda: scaled_roles() == {"prefill"}, 60, what="decode's HPA pruned")
+        assert len(rec.gens) == 1, rec.gens  # starting and stopping to autoscale never started a generation
     finally:
         stop.set()
         rec.stop.set()
+
+
+def test_a_rollout_starts_the_new_generation_at_the_autoscaled_counts_and_hands_the_autoscalers_over(
+    stack: EngineMetrics, operator: Operator, api_client: client.ApiClient, namespace: str
+) -> None:
+    """docs/autoscaling.md "Rollouts": the HPAs scale the serving generation; a bounds change scales it in place; an
+    engine change starts generation 2 at the counts generation 1's HPA chose (not spec.replicas), and at the switch
+    generation 2 gets its own HPAs (its replicas handed off, never written by the operator afterwards) while
+    generation 1's HPAs go with the switch and its engines once drained."""
+    name, ns = "roll", namespace
+    create(api_client, ns, _cr(name))
+    rec = Recorder(api_client, ns, name).start()
+    stop = threading.Event()
+    threading.Thread(target=_syncing, args=(stack, api_client, ns, name, stop), daemon=True).start()
+    try:
+        wait_for(lambda: len(rec.gens) == 1 and rec.at(1, 1), 60, what="generation 1 at 1/1")
+        (g1,) = rec.gens
+        # decode's KV cache: 2.0 caches over 0.7 -> 3 decode; prefill's queue: 6 over 4 -> 2 prefill
+        stack.set_load(ns, name, "decode", kvCacheUsage=2.0)
+        stack.set_load(ns, name, "prefill", waitingRequests=6)
+        wait_for(lambda: rec.at(2, 3), SCALE_T, what="generation 1 scaled to 2 prefill, 3 decode")
+
+        # a bounds change is no engine change: the serving generation's HPA is updated in place, no generation starts
+        patch_spec(api_client, ns, name, {"decode": {"autoscaling": {"maxReplicas": 5}}})
+        wait_for(lambda: _hpas(api_client, ns, name)[f"{name}-decode-{g1}"].spec.max_replicas == 5, 60,
+                 what="decode's HPA at maxReplicas 5")  # fmt: skip
+        hold(lambda: list(rec.gens) == [g1] and serving(api_client, ns, name) == g1, 5, "one generation only")
+
+        # an engine change: generation 2 starts beside generation 1 at what generation 1 runs now
+        patch_spec(api_client, ns, name, {"env": [{"name": "ROLLOUT", "value": "2"}]})
+
+        def second() -> str | None:
+            new = [g for g in rec.gens if g != g1]
+            return new[0] if new and all((new[0], r) in rec.first for r in contract.ROLES) else None
+
+        g2 = wait_for(second, 60, what="generation 2's Deployments created")
+        assert (rec.first[(g2, "prefill")], rec.first[(g2, "decode")]) == (2, 3), rec.first  # not spec's 1/1
+
+        def switched() -> bool:
+            hpas = _hpas(api_client, ns, name)
+            return (
+                serving(api_client, ns, name) == g2
+                and set(hpas) == {f"{name}-prefill-{g2}", f"{name}-decode-{g2}"}
+                and all(h.spec.scale_target_ref.name == n for n, h in hpas.items())
+            )
+
+        wait_for(switched, 120, what="traffic on generation 2, its own HPAs, generation 1's pruned")
+        apps = client.AppsV1Api(api_client)
+
+        def g1_gone() -> bool:
+            sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_GENERATION}={g1}"
+            return not apps.list_namespaced_deployment(ns, label_selector=sel).items
+
+        wait_for(g1_gone, 120, what="generation 1 drained and removed")
+        for role in contract.ROLES:
+            wait_for(lambda r=role: contract.FIELD_MANAGER not in _replicas_owners(_engine(api_client, ns, name, r)),
+                     60, what=f"generation 2's {role} replicas handed to its HPA")  # fmt: skip
+        wait_for(lambda: _autoscaler_reported(api_client, ns, name), 60, what="generation 2's HPAs evaluated")
+        # the same load on the new generation: its HPAs keep 2/3 (capacity never dropped at the switch)
+        hold(lambda: rec.gens[g2] == {"prefill": 2, "decode": 3}, 6, "generation 2 at 2 prefill, 3 decode")
+    finally:
+        stop.set()
+        rec.stop.set()
+    # generation 2's counts were the operator's until the switch (it started them at generation 1's); every change
+    # of generation 1's replicas, and every change of generation 2's, was the HPA controller's
+    assert not rec.writes_not_by_the_autoscaler(), rec.writes_not_by_the_autoscaler()

@@ -52,7 +52,8 @@ CR = {
 def rendered_engine(role: str) -> dict[str, Any]:
     """The operator's engine container and pod spec for `role`, as `render` prints them."""
     for obj in render([CR]):
-        if obj["kind"] == "Deployment" and obj["metadata"]["name"] == f"drain-{role}":
+        labels = obj["metadata"]["labels"]
+        if obj["kind"] == "Deployment" and labels.get(c.LABEL_COMPONENT) == role:  # drain-<role>-<hash>
             pod = obj["spec"]["template"]["spec"]
             return {"pod": pod, "container": pod["containers"][0]}
     raise AssertionError(role)
