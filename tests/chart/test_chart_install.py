@@ -101,7 +101,8 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
         stored = json.loads(helm.kubectl(kubeconfig, "get", "hpd", "probe", "-n", ns, "-o", "json").stdout)
         assert stored["spec"]["upgradeProbe"] == "kept"  # not pruned: the new schema is the one served
         table = helm.kubectl(kubeconfig, "get", "hpd", "probe", "-n", ns).stdout
-        assert table.split()[:6] == ["NAME", "READY", "PREFILL", "DECODE", "MODEL", "ENDPOINT"]
+        # the default table: the scaler columns are priority 1 (-o wide), Gen and Rollout are not
+        assert table.split()[:8] == ["NAME", "READY", "PREFILL", "DECODE", "MODEL", "GEN", "ROLLOUT", "ENDPOINT"]
         assert "nvidia/probe-model" in table
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
