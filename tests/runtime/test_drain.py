@@ -288,3 +288,15 @@ def test_busy_counts_running_waiting_and_on_prefill_the_kv_held_for_decode() -> 
     assert busy(text, "prefill") == "kv_cache_usage=0.25 (KV not yet pulled by decode)"
     assert busy(text.replace("running{engine=\"0\",model_name=\"m\"} 0.0", 'running{engine="0",model_name="m"} 2'),
                 "decode") == "num_requests_running=2"  # fmt: skip
+
+
+def test_only_the_pod_itself_may_mark_it_draining() -> None:
+    """The runtime port is open to Prometheus' peer (a label any tenant can wear): a drain from another address would
+    take the pod out of service, so only loopback (the preStop, inside the pod) may ask for it."""
+    from hpd_runtime.readiness import RuntimeMetrics, RuntimeState, from_inside_the_pod, mark_draining
+
+    assert all(from_inside_the_pod(a) for a in ("127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"))
+    assert not any(from_inside_the_pod(a) for a in ("10.244.1.7", "192.168.0.3", "fd00::5", "::ffff:10.0.0.1", ""))
+    state = RuntimeState(RuntimeMetrics())
+    assert mark_draining(state, "10.244.1.7")[0] == 403 and not state.draining.is_set()
+    assert mark_draining(state, "127.0.0.1")[0] == 200 and state.draining.is_set()

@@ -69,6 +69,13 @@ def _vllm_metrics(host: str, port: int) -> str | None:
     return resp.body if resp.status == 200 and isinstance(resp.body, str) else None
 
 
+def _runtime_host(env: Mapping[str, str]) -> str:
+    """Where the runtime listens, seen from inside the pod: its own address when it binds one (HPD_RUNTIME_HOST),
+    else loopback. The runtime accepts the drain only from a loopback address (readiness.from_inside_the_pod)."""
+    host = env.get(c.ENV_RUNTIME_HOST, "").strip()
+    return host if host and host not in ("0.0.0.0", "::") else "127.0.0.1"
+
+
 def drain(env: Mapping[str, str], sleep: Callable[[float], None] = time.sleep) -> int:
     """The preStop (see the module doc). Always exits 0: a failed hook would not stop the kubelet's SIGTERM."""
     runtime_port = int(_number(env, c.ENV_RUNTIME_PORT, c.RUNTIME_PORT))
@@ -79,7 +86,7 @@ def drain(env: Mapping[str, str], sleep: Callable[[float], None] = time.sleep) -
     propagation = _number(env, c.ENV_DRAIN_PROPAGATION_SECONDS, c.DRAIN_PROPAGATION_SECONDS_DEFAULT)
     t0 = time.monotonic()
     try:
-        request("POST", base_url("127.0.0.1", runtime_port) + c.PATH_DRAIN, {}, timeout=2.0)
+        request("POST", base_url(_runtime_host(env), runtime_port) + c.PATH_DRAIN, {}, timeout=2.0)
     except RequestError as e:
         log_event("drain_mark_failed", level="warning", error=str(e))
     log_event("drain_started", role=role, propagation_seconds=propagation, timeout_seconds=timeout)
