@@ -62,6 +62,7 @@ class Binaries:
     kwok_stages: Path
     kubectl: Path
     helm: Path
+    prometheus_adapter: Path
 
     def all(self) -> dict[str, Path]:
         return {k: v for k, v in self.__dict__.items()}
@@ -79,6 +80,7 @@ def _paths(root: Path) -> Binaries:
         kwok_stages=root / "bin" / f"kwok-v{versions.KWOK}" / "stages.yaml",
         kubectl=root / "bin" / layer / "kubectl",
         helm=root / "bin" / layer / "helm",
+        prometheus_adapter=root / "bin" / f"prometheus-adapter-v{versions.PROMETHEUS_ADAPTER}" / "adapter",
     )
 
 
@@ -264,6 +266,35 @@ def build_kwok(root: Path, logs: Path) -> None:
         _install_atomically(out, _paths(root).kwok.parent)
 
 
+def build_prometheus_adapter(root: Path, logs: Path) -> None:
+    """sigs.k8s.io/prometheus-adapter's `adapter` command, in a throw-away module that requires it (the proxy has no
+    version list for the module, so `go install pkg@version`, which asks for one, is refused)."""
+    ver = versions.PROMETHEUS_ADAPTER
+    log = logs / f"prometheus-adapter-v{ver}.log"
+    log.unlink(missing_ok=True)
+    env = _go_env(root)
+    with tempfile.TemporaryDirectory(prefix="hpd-adapter-build-") as tmp:
+        work = Path(tmp)
+        step = "prometheus-adapter"
+        _run(
+            f"{step}: go mod init", ["go", "mod", "init", "example.invalid/hpd-adapter-bin"], cwd=work, log=log, env=env
+        )
+        (work / "tools.go").write_text(
+            '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/prometheus-adapter/cmd/adapter"\n'
+        )
+        _run(f"{step}: go get", ["go", "get", f"sigs.k8s.io/prometheus-adapter@v{ver}"], cwd=work, log=log, env=env)
+        _run(f"{step}: go mod tidy", ["go", "mod", "tidy"], cwd=work, log=log, env=env)
+        out = work / "out"
+        out.mkdir()
+        _run(
+            f"{step}: go build",
+            ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out / "adapter"),
+             "sigs.k8s.io/prometheus-adapter/cmd/adapter"],
+            cwd=work, log=log, env=env,
+        )  # fmt: skip
+        _install_atomically(out, _paths(root).prometheus_adapter.parent)
+
+
 def cyclonus_path(root: Path | None = None) -> Path:
     return (root or cache_dir()) / "bin" / f"cyclonus-v{versions.CYCLONUS}" / "cyclonus"
 
@@ -339,6 +370,7 @@ STEPS = {
     "kwok_stages": build_kwok,
     "kubectl": fetch_kubectl_helm,
     "helm": fetch_kubectl_helm,
+    "prometheus_adapter": build_prometheus_adapter,
 }
 
 

@@ -31,6 +31,7 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 SERVICE_CIDR = "10.0.0.0/24"
+HPA_SYNC_SECONDS = 5
 POD_CIDR = "10.244.0.0/16"
 KWOK_STORAGE_CLASS = {
     "apiVersion": "storage.k8s.io/v1",
@@ -386,6 +387,12 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         # As on hardened clusters (e.g. OpenShift): an ownerReference with blockOwnerDeletion needs `update` on the
         # owner's /finalizers, so the chart's RBAC test proves that rule too.
         "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+        # The aggregation layer's front proxy, as kubeadm sets it up: requests to an APIService (the metrics
+        # adapter's external.metrics.k8s.io) carry this client cert and the caller's identity in X-Remote-*.
+        f"--requestheader-client-ca-file={pk / 'ca.crt'}", f"--requestheader-allowed-names={pki.FRONT_PROXY_CN}",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pk / 'front-proxy.crt'}", f"--proxy-client-key-file={pk / 'front-proxy.key'}",
         "--endpoint-reconciler-type=none", "--profiling=false", "--v=1", *extra.get("kube-apiserver", ()),
     ])  # fmt: skip
     admin_ctx = _ssl_context(state)
@@ -400,6 +407,8 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         f"--root-ca-file={pk / 'ca.crt'}", f"--cluster-signing-cert-file={pk / 'ca.crt'}",
         f"--cluster-signing-key-file={pk / 'ca.key'}", f"--requestheader-client-ca-file={pk / 'ca.crt'}",
         "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller", "--v=1",
+        # The HPA controller's loop (default 15 s): autoscaling roles follow load within seconds here.
+        f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_SECONDS}s",
         *extra.get("kube-controller-manager", ()),
     ])  # fmt: skip
     _start(state, "kube-scheduler", [

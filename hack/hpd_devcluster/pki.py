@@ -23,6 +23,7 @@ APISERVER_SANS_DNS = (
     "kubernetes.default.svc.cluster.local",
 )
 APISERVER_SANS_IP = ("127.0.0.1", "10.0.0.1")
+FRONT_PROXY_CN = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ CLIENTS = (
     ClientCert("kcm", "system:kube-controller-manager"),
     ClientCert("scheduler", "system:kube-scheduler"),
     ClientCert("kwok", "kwok-controller", "system:masters"),
+    # The aggregator's client cert towards extension apiservers (the metrics adapter): they trust the identity it
+    # forwards in X-Remote-User only from this CN (--requestheader-allowed-names), as kubeadm's front-proxy-client.
+    ClientCert("front-proxy", FRONT_PROXY_CN),
 )
 
 
@@ -147,6 +151,20 @@ def add_client(pki_dir: Path, client: ClientCert) -> None:
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     ca_name = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes()).subject
     _issue_client(pki_dir, client, ca_key, ca_name)
+
+
+def add_server(pki_dir: Path, name: str, dns_names: tuple[str, ...]) -> None:
+    """A serving cert <name>.{crt,key} from the CA for `dns_names` and 127.0.0.1 (an extension apiserver on loopback
+    that the aggregator reaches as <service>.<namespace>.svc)."""
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_name = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes()).subject
+    key = _key()
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    cert = _issue(_name(name), key, ca_key, ca_name, usage=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans)
+    _write_key(pki_dir / f"{name}.key", key)
+    _write_cert(pki_dir / f"{name}.crt", cert)
 
 
 def kubeconfig(server: str, pki_dir: Path, client: str) -> str:

@@ -14,6 +14,9 @@ KWOK = "0.8.0"
 LWS = "0.9.0"
 """sigs.k8s.io/lws (LeaderWorkerSet), for the tests of replicas that span nodes: the newest release whose module the
 Go proxy serves in full (v0.10.0's .info is listed but its .zip is refused). Its go.mod asks for Go 1.26."""
+PROMETHEUS_ADAPTER = "0.12.0"
+"""sigs.k8s.io/prometheus-adapter: serves external.metrics.k8s.io from Prometheus, so the kube-controller-manager's
+HPA controller scales autoscaling roles on vLLM's metrics (hpd_devcluster.adapter; docs/autoscaling.md)."""
 
 CYCLONUS = "0.5.6"
 """github.com/mattfenwick/cyclonus: evaluates traffic against NetworkPolicy files offline (`analyze --mode

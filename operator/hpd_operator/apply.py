@@ -44,6 +44,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
     Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
+    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
 )
 """Every kind the builders can produce: apply and prune both walk this table."""
 _BY_KEY = {(k.api_version, k.kind): k for k in KINDS}
@@ -109,6 +110,39 @@ def apply(api: client.ApiClient, obj: Manifest) -> Manifest:
         body=json.dumps(obj, ensure_ascii=False).encode(),
     )
     return out
+
+
+HANDOFF_MANAGER = contract.FIELD_MANAGER + "-replicas-handoff"
+"""The field manager that holds an autoscaling role's `spec.replicas` between the operator letting go of it and the
+HPA's first write (which takes it over: an update through the scale subresource)."""
+
+
+def hand_off_replicas(api: client.ApiClient, deployment: Manifest, replicas: int) -> Manifest:
+    """Give up the operator's ownership of a Deployment's `spec.replicas` without changing it: apply the live value
+    under HANDOFF_MANAGER first, so that the operator's next apply (which leaves the field out) does not delete it
+    (server-side apply would remove a field no other manager owns, and the Deployment default would reset it to 1)."""
+    md = deployment["metadata"]
+    body = {
+        "apiVersion": deployment["apiVersion"],
+        "kind": deployment["kind"],
+        "metadata": {"name": md["name"], "namespace": md["namespace"]},
+        "spec": {"replicas": replicas},
+    }
+    out: Manifest = _call(
+        api,
+        "PATCH",
+        f"{kind_of(deployment).base(md['namespace'])}/{md['name']}",
+        query_params=[("fieldManager", HANDOFF_MANAGER), ("force", "true")],
+        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
+        body=json.dumps(body).encode(),
+    )
+    return out
+
+
+def owns_replicas(live: Mapping[str, Any]) -> bool:
+    """Whether the operator's own managedFields entry holds `spec.replicas` (cache.py keeps that flag)."""
+    entries = (live.get("metadata") or {}).get("managedFields") or []
+    return any(e.get("manager") == contract.FIELD_MANAGER and e.get("ownsReplicas") for e in entries)
 
 
 def read(

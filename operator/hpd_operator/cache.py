@@ -112,6 +112,8 @@ def _meta(md: Mapping[str, Any]) -> dict[str, Any]:
         entry["time"] = e.get("time")
         if e.get("manager") != contract.FIELD_MANAGER:
             entry["fieldsV1"] = _fields(e.get("fieldsV1"))
+        elif "f:replicas" in ((e.get("fieldsV1") or {}).get("f:spec") or {}):
+            entry["ownsReplicas"] = True  # handlers.hand_off_replicas: an autoscaling role's field goes to its HPA
         mf.append(entry)
     out["managedFields"] = mf
     return out
@@ -152,7 +154,27 @@ def trim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
         problems = _problem_conditions(st.get("conditions"))
         if problems:
             out["status"]["conditions"] = problems
+    elif obj.get("kind") == "HorizontalPodAutoscaler":
+        out.update(_trim_hpa(obj))
     return out
+
+
+_HPA_STATUS = ("currentReplicas", "desiredReplicas", "lastScaleTime")
+
+
+def _trim_hpa(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What scaling.py reads of an HPA: its bounds, its replica counts, its conditions, its metrics' values."""
+    sp, st = obj.get("spec") or {}, obj.get("status") or {}
+    status: dict[str, Any] = {k: st[k] for k in _HPA_STATUS if k in st}
+    status["conditions"] = [
+        {k: _s(c[k]) for k in ("type", "status", "reason", "message") if k in c} for c in st.get("conditions") or []
+    ]
+    status["currentMetrics"] = [
+        {"external": {"metric": {"name": _s(((m.get("external") or {}).get("metric") or {}).get("name"))},
+                      "current": dict((m.get("external") or {}).get("current") or {})}}
+        for m in st.get("currentMetrics") or [] if m.get("type") == "External"
+    ]  # fmt: skip
+    return {"spec": {k: sp.get(k) for k in ("minReplicas", "maxReplicas")}, "status": status}
 
 
 def _pod_conditions(conditions: Any) -> list[dict[str, Any]]:

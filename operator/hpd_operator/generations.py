@@ -249,8 +249,12 @@ def _identity(g: LiveGeneration, desired: Generation) -> Generation:
 
 def kept(obj: Mapping[str, Any], plan: Plan) -> bool:
     """Whether a child of another generation than the desired one must stay (prune leaves it alone). The desired
-    generation's children are pruned like any other (its PodDisruptionBudget after a scale-down to 1)."""
+    generation's children are pruned like any other (its PodDisruptionBudget after a scale-down to 1). An autoscaler
+    is never kept: only the generation the router routes to has one (builders.autoscaling), so a draining
+    generation's HorizontalPodAutoscaler goes at the switch and the generation stays at the count it had."""
     gen = generation_of(obj)
+    if obj.get("kind") == "HorizontalPodAutoscaler":
+        return False
     return gen is not None and gen != plan.desired.hash and gen in plan.keep and component_of(obj) in contract.ROLES
 
 

@@ -75,6 +75,7 @@ from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
 from hpd_operator.profile_model import Profile
+from hpd_operator.scaling import Bounds, autoscaled_roles, autoscaler_status, compute_bounds, start_replicas
 from hpd_operator.status import (
     compute_status,
     generation_answering,
@@ -324,6 +325,12 @@ class Run:
     cr: HybridPDDeployment | None = None
     profile: Profile | None = None
     desired: list[Manifest] = field(default_factory=list)
+    bounds: dict[str, Bounds] = field(default_factory=dict)
+    """Each autoscaling role's HPA min/max (scaling.compute_bounds, from what runs)."""
+    hpas: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """Each role's HPA of the generation the router routes to, as observed before this run's writes."""
+    start: dict[str, int] = field(default_factory=dict)
+    """The count each autoscaling role's Deployment starts at (scaling.start_replicas: the serving generation's)."""
     ours: dict[Key, Manifest] = field(default_factory=dict)
     conflicts: dict[Key, str] = field(default_factory=dict)
     absent: set[Key] = field(default_factory=set)
@@ -409,7 +416,8 @@ def build(run: Run) -> None:
     assert run.cr is not None and run.profile is not None
     try:
         run.plan = plan(run)
-        desired = build_all(run.cr, run.profile, run.plan)
+        scale(run, run.plan)
+        desired = build_all(run.cr, run.profile, run.plan, run.bounds, run.start)
     except Exception as e:  # the schema let through something a builder cannot use: say where to look
         free = free_form_fields(run.cr)
         hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""
@@ -425,6 +433,20 @@ def build(run: Run) -> None:
     for obj in desired:
         kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
     run.desired = [drift.stamped(obj) for obj in desired]
+
+
+def scale(run: Run, plan: generations.Plan) -> None:
+    """The autoscaling roles' HPA bounds and start counts, from the generation the router routes to (its Deployments'
+    replicas and its HPAs as the cache holds them): scaling.compute_bounds, scaling.start_replicas."""
+    assert run.cr is not None
+    children = run.cache.children(run.namespace, run.instance)
+    deployments = report.observe_deployments(children, run.name, run.uid, plan.route.hash)
+    run.hpas = dict(report.observe_autoscalers(children, run.name, run.uid, plan.route.hash))
+    current: dict[str, Any] = {
+        r: ((deployments.get(r) or {}).get("spec") or {}).get("replicas") for r in contract.ROLES
+    }
+    run.bounds = compute_bounds(run.cr.spec, current, run.hpas)
+    run.start = start_replicas(run.cr.spec, current, run.bounds)
 
 
 class BuildError(Exception):
@@ -527,14 +549,46 @@ def write_child(run: Run, obj: Manifest) -> Manifest | None:
     nothing was written (unchanged, or its name is held by another object: `run.conflicts`)."""
     k = k8s.key(obj)
     what = f"{obj['kind']} {obj['metadata']['name']}"
+    role = autoscaled_role(run, obj)
     if k in run.absent:
         log.debug(f"{run.namespace}/{run.name}: create {what}")
-        return create_child(run, obj)
-    why = needs_apply(run, obj, run.ours.get(k))
+        return create_child(run, obj if role is None else with_initial_replicas(run, obj, role))
+    live = run.ours.get(k)
+    why = needs_apply(run, obj, live)
     if why is None:
         return None
+    if role is not None and live is not None and k8s.owns_replicas(live):
+        hand_off_replicas(run, obj, live, role)
     log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
     return k8s.apply(run.api, obj)
+
+
+def autoscaled_role(run: Run, obj: Manifest) -> contract.Role | None:
+    """The role of an engine Deployment whose replicas an HPA owns (the builder left them out), else None."""
+    if obj["kind"] != "Deployment" or "replicas" in obj["spec"] or run.cr is None:
+        return None
+    role = (obj["metadata"].get("labels") or {}).get(contract.LABEL_ROLE)
+    return cast("contract.Role", role) if role in contract.ROLES else None
+
+
+def with_initial_replicas(run: Run, obj: Manifest, role: contract.Role) -> Manifest:
+    """A new autoscaling role's Deployment of the serving generation starts at scaling.start_replicas (a first
+    generation: spec.<role>.replicas within its autoscaler's bounds; written once, at creation; the HPA's first scale
+    takes the field over, and the operator never writes it again)."""
+    assert run.cr is not None
+    n = run.start.get(role, run.cr.spec.role(role).replicas)
+    return {**obj, "spec": {"replicas": n, **obj["spec"]}}
+
+
+def hand_off_replicas(run: Run, obj: Manifest, live: Manifest, role: contract.Role) -> None:
+    """The operator owned this Deployment's replicas (the role just started to autoscale, or was created by this
+    process): keep the live value under the hand-off manager before the apply that leaves the field out."""
+    replicas = (live.get("spec") or {}).get("replicas")
+    if not isinstance(replicas, int):
+        return
+    k8s.hand_off_replicas(run.api, obj, replicas)
+    metrics.REPLICAS_HANDED_OFF.labels(role=role).inc()
+    log.info(f"{run.namespace}/{run.name}: {role} autoscales: spec.replicas ({replicas}) handed to its autoscaler")
 
 
 def unblocked(run: Run, obj: Manifest) -> Manifest:
@@ -683,6 +737,7 @@ def write_report(run: Run) -> dict[str, Any]:
     previous = _REPORTED.get(run.uid) or stored.get("conditions") or []
     previous_rollout = _REPORTED_ROLLOUT.get(run.uid) or stored.get("rollout")
     status = compute_status(
+        autoscalers=autoscaler_report(run),
         name=run.name,
         namespace=run.namespace,
         spec=run.cr.spec if run.cr is not None and run.profile is not None else None,
@@ -722,6 +777,22 @@ def write_report(run: Run) -> dict[str, Any]:
         report.event(run.api, run.body, type_, reason, message)
     metrics.record_status(run.namespace, run.name, status, md.get("creationTimestamp"))
     return status
+
+
+def autoscaler_report(run: Run) -> dict[str, dict[str, Any]]:
+    """status.<role>.autoscaler of each autoscaling role (its HPA as the cache holds it after this run's writes)."""
+    if run.cr is None or run.profile is None:
+        return {}
+    route = run.rollout.plan.route.hash if run.rollout is not None else None
+    hpas = report.observe_autoscalers(run.cache.children(run.namespace, run.instance), run.name, run.uid, route)
+    out: dict[str, dict[str, Any]] = {}
+    for role in autoscaled_roles(run.cr.spec):
+        a = run.cr.spec.role(role).autoscaling
+        assert a is not None
+        dep = run.observed.get(role) or {}
+        bounds = run.bounds.get(role) or Bounds(a.min_replicas, a.max_replicas)
+        out[role] = autoscaler_status(role, a, bounds, hpas.get(role), (dep.get("spec") or {}).get("replicas"))
+    return out
 
 
 _REPORTED: dict[str, list[dict[str, Any]]] = {}

@@ -81,6 +81,12 @@ OWNER_REFERENCES_DEFERRED = Counter(
     "created moments before); completed on a retry.",
     ["kind"],
 )
+REPLICAS_HANDED_OFF = Counter(
+    "hpd_operator_replicas_handed_off_total",
+    "Deployments whose spec.replicas the operator handed to their autoscaler (a role that started to autoscale), "
+    "by role: the value stays, the operator stops owning it.",
+    ["role"],
+)
 OBJECTS_PRUNED = Counter("hpd_operator_objects_pruned_total", "Stale child objects deleted, by kind.", ["kind"])
 API_ERRORS = Counter(
     "hpd_operator_api_errors_total",
@@ -100,6 +106,16 @@ _READY_REPLICAS = (
     "hpd_operator_ready_replicas",
     "Ready replicas per CR and role (engines are Ready only after their warmup).",
 )
+_AT_MAX = (
+    "hpd_operator_autoscaler_at_max",
+    "1 while an autoscaling role runs at the maximum in force (its maxReplicas, or lower where spec.ratio holds it), "
+    "per CR and role.",
+)
+_SIGNAL_RATIO = (
+    "hpd_operator_autoscaler_signal_ratio",
+    "An autoscaling role's signal per replica over its target, as its HPA last read it (above 1: it wants more "
+    "replicas), per CR, role and signal.",
+)
 _TIME_TO_READY = (
     "hpd_operator_time_to_ready_seconds",
     "Seconds from the CR's creation to its (latest) Ready=True transition; absent while never Ready.",
@@ -113,6 +129,8 @@ class _PerCR:
     """Per ROLES."""
     ready: tuple[int, ...]
     time_to_ready: float | None
+    scalers: tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...] = ()
+    """(role, at its maximum, ((signal, value / target), ...)) per autoscaling role."""
 
 
 _per_cr: dict[tuple[str, str], _PerCR] = {}
@@ -132,7 +150,13 @@ class _PerCRCollector(Collector):
         desired = GaugeMetricFamily(*_DESIRED_REPLICAS, labels=[*cr_labels, "role"])
         ready = GaugeMetricFamily(*_READY_REPLICAS, labels=[*cr_labels, "role"])
         took = GaugeMetricFamily(*_TIME_TO_READY, labels=cr_labels)
+        at_max = GaugeMetricFamily(*_AT_MAX, labels=[*cr_labels, "role"])
+        ratio = GaugeMetricFamily(*_SIGNAL_RATIO, labels=[*cr_labels, "role", "signal"])
         for (ns, name), r in records:
+            for role, top, signals in r.scalers:
+                at_max.add_metric([ns, name, role], 1 if top else 0)
+                for signal, value in signals:
+                    ratio.add_metric([ns, name, role, signal], value)
             for p in PHASES:
                 phase.add_metric([ns, name, p], 1 if p == r.phase else 0)
             for role, d, n in zip(ROLES, r.desired, r.ready, strict=True):
@@ -140,7 +164,7 @@ class _PerCRCollector(Collector):
                 ready.add_metric([ns, name, role], n)
             if r.time_to_ready is not None:
                 took.add_metric([ns, name], r.time_to_ready)
-        yield from (by_phase, phase, desired, ready, took)
+        yield from (by_phase, phase, desired, ready, took, at_max, ratio)
 
 
 REGISTRY.register(_PerCRCollector())
@@ -238,12 +262,34 @@ def record_status(namespace: str, name: str, status: Mapping[str, Any], created:
         desired=tuple(desired),
         ready=tuple(ready),
         time_to_ready=time_to_ready(created, list(status.get("conditions") or [])),
+        scalers=scaler_records(status),
     )
     with _per_cr_lock:
         old = _per_cr.get((namespace, name))
         if record.time_to_ready is None and old is not None:  # the latest Ready transition's figure stays
             record = dataclasses.replace(record, time_to_ready=old.time_to_ready)
         _per_cr[(namespace, name)] = record
+
+
+def scaler_records(status: Mapping[str, Any]) -> tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...]:
+    """Pure: per autoscaling role of a status, whether it runs at its maximum and each signal's value / target
+    (from status.<role>.autoscaler.signals, `name value/target`)."""
+    out = []
+    for role in contract.ROLES:
+        a = (status.get(role) or {}).get("autoscaler")
+        if not a:
+            continue
+        top = a.get("currentReplicas") is not None and a["currentReplicas"] >= (a.get("maxReplicas") or 0)
+        signals = []
+        for text in a.get("signals") or []:
+            name, _, frac = str(text).partition(" ")
+            value, _, target = frac.partition("/")
+            try:
+                signals.append((name, float(value) / float(target)))
+            except (ValueError, ZeroDivisionError):
+                continue
+        out.append((role, bool(top), tuple(signals)))
+    return tuple(out)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -67,13 +67,15 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     side_channel = _side_channel_env(s, valid) + _host_ip_env(s, valid, role)
     layout = _layout_env(s, valid)
     gemm = _gemm_env(s, valid.spec.warmup)
-    args = _core_args(s, valid, role) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
+    args = (
+        _core_args(s, valid, role) + _shutdown_args(s, valid) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
+    )
     args += _pair_check_args(s, valid, role) + _user_args(valid, role)
     chunk = _chunk_env(s, valid)
     fabric = _fabric_env(s, valid, role)
     devices, caps = _fabric_pod(s, valid)
     env = side_channel + layout + _ucx_env(valid) + fabric + _runtime_env(valid, role) + chunk
-    env += _warmup_env(valid, role) + gemm + _user_env(valid) + _pod_env(valid, role)
+    env += _warmup_env(valid, role) + _drain_env(valid) + gemm + _user_env(valid) + _pod_env(valid, role)
     worker_args = _worker_args(s, valid, role)
     return RoleProfile(
         role=role,
@@ -182,6 +184,31 @@ def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
     if spec.model.max_model_len is not None:
         env.append(EnvEntry(name=contract.ENV_MAX_MODEL_LEN, value=str(spec.model.max_model_len)))
     return env
+
+
+def drain_grace_seconds(drain_timeout_seconds: int) -> int:
+    """terminationGracePeriodSeconds of an engine pod: the preStop's propagation wait and drain, then vLLM's own
+    --shutdown-timeout after SIGTERM, and a margin for the process to exit."""
+    return contract.DRAIN_PROPAGATION_SECONDS_DEFAULT + 2 * drain_timeout_seconds + 10
+
+
+def _shutdown_args(s: _Settings, valid: Validated) -> list[str]:
+    seconds = valid.spec.drain_timeout_seconds
+    if seconds == 0:
+        return []
+    why = (
+        "spec.drainTimeoutSeconds: on SIGTERM vLLM finishes in-flight requests for up to this long (its default 0 "
+        "aborts them: a scale-down or rollout would fail every request the pod was serving)"
+    )
+    return s.flag("--shutdown-timeout", str(seconds), why)
+
+
+def _drain_env(valid: Validated) -> list[EnvEntry]:
+    """What the preStop (`hpd_runtime drain`) reads."""
+    return [
+        EnvEntry(name=contract.ENV_DRAIN_TIMEOUT_SECONDS, value=str(valid.spec.drain_timeout_seconds)),
+        EnvEntry(name=contract.ENV_DRAIN_PROPAGATION_SECONDS, value=str(contract.DRAIN_PROPAGATION_SECONDS_DEFAULT)),
+    ]
 
 
 def _chunk_env(s: _Settings, valid: Validated) -> list[EnvEntry]:

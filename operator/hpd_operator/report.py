@@ -18,7 +18,7 @@ from kubernetes import client
 
 from hpd_operator import apply as k8s
 from hpd_operator import metrics
-from hpd_operator.api.names import component_names, group_name
+from hpd_operator.api.names import component_names, group_name, role_name
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
@@ -47,6 +47,19 @@ def observe_deployments(
         if group is not None and out[role] is None:
             out[role] = group
     return out
+
+
+def observe_autoscalers(
+    children: Iterable[Mapping[str, Any]], name: str, uid: str, generation: str | None = None
+) -> dict[str, dict[str, Any] | None]:
+    """Role -> its live HorizontalPodAutoscaler of `generation` (the serving one), if this CR owns it (named like the
+    role's Deployment of that generation)."""
+    by_name = {
+        d["metadata"]["name"]: dict(d)
+        for d in children
+        if d.get("kind") == "HorizontalPodAutoscaler" and k8s.owned_by(d, uid)
+    }
+    return {role: by_name.get(role_name(name, role, generation)) for role in contract.ROLES}
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -274,6 +274,7 @@ def compute_status(
     role_details: Mapping[str, str] | None = None,
     not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     rollout: RolloutView | None = None,
+    autoscalers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -284,9 +285,8 @@ def compute_status(
     (e.g. a PodMonitor skipped). `previous` conditions and `now` keep lastTransitionTime stable across unchanged
     statuses (the caller owns the clock). `role_details` maps a role to why its pods are not Ready (their probe
     output, hpd_operator.podevents); it is appended to that role's condition message while the role is not Ready.
-    `rollout`: the CR's generations (then the engines' Deployments and pods, and their probe reasons, come from
-    it: the generation the router routes to is what `observed`, `pods` and `role_details` stand for).
-    """
+    `rollout`: the CR's generations (the one the router routes to is what `observed`, `pods` and `role_details`
+    stand for). `autoscalers`: each autoscaling role's status.<role>.autoscaler (scaling.autoscaler_status)."""
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
     wait = not_scheduled_after
@@ -313,7 +313,7 @@ def compute_status(
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
-        out[comp] = _component_status(name, comp, states[comp], gens)
+        out[comp] = _component_status(name, comp, states[comp], gens, (autoscalers or {}).get(comp))
     return _rest(out, name=name, namespace=namespace, spec=spec, profile=profile, gens=gens)
 
 
@@ -337,21 +337,27 @@ def _rest(
     return out
 
 
-def _component_status(name: str, comp: str, s: RoleState, gens: _Generations | None) -> dict[str, Any]:
+def _component_status(
+    name: str, comp: str, s: RoleState, gens: _Generations | None, scaler: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Counts of what serves; with generations, `replicas` counts the role's pods of every generation and
-    `updatedReplicas` those of the spec's generation (as a Deployment's status does during a rolling update)."""
+    `updatedReplicas` those of the spec's generation (as a Deployment's status does during a rolling update); an
+    autoscaling role's report of its autoscaler (the serving generation's HPA)."""
     replicas, updated = s.replicas, s.updated
     if gens is not None and comp in contract.ROLES:
         replicas = sum(states[comp].replicas for states in gens.all.values())
         target = gens.all.get(gens.plan.desired.hash)
         updated = target[comp].updated if target is not None else 0
-    return {
+    out: dict[str, Any] = {
         "replicas": replicas,
         "readyReplicas": s.ready,
         "updatedReplicas": updated,
         "summary": f"{s.ready}/{s.desired}",
         "selector": selector_string(name, comp),
     }
+    if scaler is not None:
+        out["autoscaler"] = dict(scaler)
+    return out
 
 
 # --- generations -----------------------------------------------------------------------------------------------------
@@ -361,8 +367,17 @@ def generation_desired(
     """Desired replicas per role of a generation: the spec's for the generation it asks for, the generation's own
     Deployments' for any other (it is left as it was built)."""
     if spec is not None and (g is None or g.hash == desired_hash):
-        return {r: spec.role(r).replicas for r in contract.ROLES}
+        return {r: _spec_replicas(spec, g, r) for r in contract.ROLES}
     return {r: g.replicas(r) if g is not None else 0 for r in contract.ROLES}
+
+
+def _spec_replicas(spec: HybridPDDeploymentSpec, g: LiveGeneration | None, role: contract.Role) -> int:
+    """What the spec asks of a role of its own generation: spec.<role>.replicas, or for an autoscaling role the count
+    its Deployment runs (its HPA's choice; while the generation is not serving yet, the serving generation's count the
+    operator starts it at: docs/autoscaling.md)."""
+    if spec.role(role).autoscaling is not None and g is not None and role in g.deployments:
+        return g.replicas(role)
+    return spec.role(role).replicas
 
 
 def generation_states(
@@ -408,9 +423,9 @@ def generation_answering(
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
-def _gpus(spec: HybridPDDeploymentSpec | None) -> int:
+def _gpus(spec: HybridPDDeploymentSpec | None, replicas: Mapping[str, int]) -> int:
     """GPUs one generation asks for: per replica the role's GPU limit times its pods (a replica that spans nodes has
-    one pod per node), else its TP x PP size; times its replicas."""
+    one pod per node), else its TP x PP size; times its desired replicas."""
     if spec is None:
         return 0
     total = 0
@@ -418,7 +433,7 @@ def _gpus(spec: HybridPDDeploymentSpec | None) -> int:
         rs = spec.role(r)
         limit = (rs.resources.limits or {}).get(GPU_RESOURCE) if rs.resources is not None else None
         per_pod = int(limit) if isinstance(limit, int | str) and str(limit).isdigit() else None
-        total += rs.replicas * (per_pod * rs.nodes_per_replica if per_pod is not None else rs.gpus_per_replica)
+        total += replicas[r] * (per_pod * rs.nodes_per_replica if per_pod is not None else rs.gpus_per_replica)
     return total
 
 
@@ -507,6 +522,9 @@ class _Generations:
             note += f"; {detail}"
         return note
 
+    def _desired(self, h: str) -> dict[str, int]:
+        return {r: self.all[h][r].desired for r in contract.ROLES}
+
     def _progress(self, h: str) -> str:
         t = self.all[h]
         return ", ".join(f"{r} {t[r].ready}/{t[r].desired}" for r in contract.ROLES) + " Ready"
@@ -525,8 +543,9 @@ class _Generations:
                     f"the new one is Ready (a decode pod only after its pair check against the new prefill pods): "
                     f"{self._progress(plan.desired.hash)}")  # fmt: skip
         problems = "; ".join(m for _, m in self.target_problems())
+        gpus = _gpus(self.spec, self._desired(plan.desired.hash))
         return (f"{target} cannot come up: {problems}; {serving} keeps serving. A rollout starts the new generation "
-                f"beside the serving one, so it needs room for {_gpus(self.spec)} more GPUs: free them or add nodes, "
+                f"beside the serving one, so it needs room for {gpus} more GPUs: free them or add nodes, "
                 "or put the spec back to cancel it")  # fmt: skip
 
     def annotate(self, conds: list[dict[str, str]], failure: Failure | None) -> None:
@@ -621,6 +640,8 @@ def _states(
             desired = int((dep or {}).get("spec", {}).get("replicas") or 0)
         elif comp == contract.COMPONENT_ROUTER:
             desired = spec.router.replicas
+        elif spec.role(comp).autoscaling is not None and dep is not None:  # type: ignore[arg-type]
+            desired = int((dep.get("spec") or {}).get("replicas") or 0)  # the autoscaler's choice
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]
             size = spec.role(comp).nodes_per_replica  # type: ignore[arg-type]

@@ -237,10 +237,14 @@ def check_spec(spec: HybridPDDeploymentSpec) -> list[SpecViolation]:
         rs = spec.role(role)
         run("role", rs, f"spec.{role}")
         run("resources", rs.resources, f"spec.{role}.resources")
+        run("autoscaling", rs.autoscaling, f"spec.{role}.autoscaling")
+        for i, m in enumerate(rs.autoscaling.metrics if rs.autoscaling is not None else ()):
+            run("autoscalingMetric", m, f"spec.{role}.autoscaling.metrics[{i}]")
         _check_pod_template(rs, f"spec.{role}.podTemplate", out)
     run("resources", spec.router.resources, "spec.router.resources")
     run("kvTransfer", spec.kv_transfer, "spec.kvTransfer")
     run("cache", spec.cache, "spec.cache")
+    run("ratio", spec.ratio, "spec.ratio")
     return out
 
 

@@ -88,7 +88,8 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
                  "--timeout", "90s", kubeconfig=kubeconfig)  # fmt: skip
         crd = served_crd(helm, kubeconfig)
         assert [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]] == [
-            "Ready", "Prefill", "Decode", "Model", "Gen", "Rollout", "Endpoint", "Age",
+            "Ready", "Prefill", "Decode", "Model", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Endpoint",
+            "Age",
         ]  # fmt: skip
         cr = {
             "apiVersion": "hybridpd.io/v1alpha1",
@@ -100,6 +101,7 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
         stored = json.loads(helm.kubectl(kubeconfig, "get", "hpd", "probe", "-n", ns, "-o", "json").stdout)
         assert stored["spec"]["upgradeProbe"] == "kept"  # not pruned: the new schema is the one served
         table = helm.kubectl(kubeconfig, "get", "hpd", "probe", "-n", ns).stdout
+        # the default table: the scaler columns are priority 1 (-o wide), Gen and Rollout are not
         header = table.splitlines()[0].split()
         assert header == ["NAME", "READY", "PREFILL", "DECODE", "MODEL", "GEN", "ROLLOUT", "ENDPOINT", "AGE"]
         assert "nvidia/probe-model" in table

@@ -245,24 +245,35 @@ def prove(
     pdbs, pms = optional_children(api, ns, name)
     assert pdbs == [decode.metadata.name] and len(pms) == 2
 
-    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned; and a new engine
-    # env -> a new generation takes over and the old one's Deployments and Services are deleted (docs/rollouts.md).
-    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}, "env": [{"name": "RBAC", "value": "1"}]}
+    # Update: scale decode to 1 and turn PodMonitors off -> the PDB and both PodMonitors are pruned; a new engine env
+    # -> a new generation takes over and the old one's Deployments and Services are deleted (docs/rollouts.md); prefill
+    # starts to autoscale -> an HPA on the serving generation's prefill while the new one starts, then the new one's
+    # (its replicas handed off) and the old HPA deleted (no metrics adapter here: the HPAs only wait).
+    spec = {"decode": {"replicas": 1}, "monitoring": {"podMonitor": False}, "env": [{"name": "RBAC", "value": "1"}],
+            "prefill": {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}}  # fmt: skip
     co.patch_namespaced_custom_object(G, V, ns, P, name, {"spec": spec})
+    hpas = client.AutoscalingV2Api(api)
 
     def updated() -> bool:
-        ds = engine(api, ns, name, "decode")
+        ds, ps = engine(api, ns, name, "decode"), engine(api, ns, name, "prefill")
+        sel = f"app.kubernetes.io/instance={name}"
+        scalers = [
+            h.metadata.name for h in hpas.list_namespaced_horizontal_pod_autoscaler(ns, label_selector=sel).items
+        ]
         return (
             len(ds) == 1
+            and len(ps) == 1
             and ds[0].metadata.uid != decode.metadata.uid
             and ds[0].spec.replicas == 1
-            and optional_children(api, ns, name) == ([], [])
+            and optional_children(api, ns, name) == ([ps[0].metadata.name], [])  # prefill may reach 2 replicas
+            and scalers == [ps[0].metadata.name]
             and not [s for s in client.CoreV1Api(api).list_namespaced_service(ns).items
                      if s.metadata.name.endswith(decode.metadata.labels["hybridpd.io/generation"])]
             and ready(get_cr(api, ns, name))
         )  # fmt: skip
 
-    wait(op, updated, f"{name} on a new generation, decode at 1, PDB, PodMonitors, old generation pruned, Ready")
+    what = f"{name} on a new generation, decode at 1, PDB, PodMonitors, old generation and its HPA pruned, Ready"
+    wait(op, updated, what)
 
     co.delete_namespaced_custom_object(G, V, ns, P, name)
     wait(op, lambda: not children(api, ns, name), f"{name}'s children garbage-collected")

@@ -16,7 +16,7 @@ from kubernetes import client
 from hpd_runtime import contract
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "crd"))
-from cel_cases import BAD_NAMES, BAD_SPECS, GOOD_SPECS
+from cel_cases import BAD_NAMES, BAD_SPECS, BAD_UPDATES, GOOD_SPECS
 
 pytestmark = pytest.mark.cluster
 CRD = Path(__file__).resolve().parents[2] / "crds" / "hybridpddeployments.hybridpd.io.yaml"
@@ -72,3 +72,17 @@ def test_every_recorded_good_spec_is_admitted(
 ) -> None:
     for case, spec in GOOD_SPECS:
         assert dry_run(api_client, namespace, "cel-good", spec) is None, case
+
+
+def test_every_recorded_bad_update_is_refused_with_its_message(
+    crd_installed: None, api_client: client.ApiClient, namespace: str
+) -> None:
+    """Transition rules: the object is admitted as created, the update is refused (dry run)."""
+    api = client.CustomObjectsApi(api_client)
+    for i, (case, before, after, msg) in enumerate(BAD_UPDATES):
+        name = f"cel-update-{i}"
+        body = {"apiVersion": f"{G}/{V}", "kind": contract.KIND, "metadata": {"name": name}, "spec": before}
+        api.create_namespaced_custom_object(G, V, namespace, P, body)
+        with pytest.raises(client.ApiException) as ei:
+            api.patch_namespaced_custom_object(G, V, namespace, P, name, {"spec": after}, dry_run="All")
+        assert msg in str(ei.value.body), (case, ei.value.body)

@@ -100,6 +100,43 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("toleration-operator", {"model": M, "decode": {"tolerations": [{"key": "a", "operator": "Sometimes"}]}},
      "Unsupported value"),
     ("affinity-unknown", {"model": M, "decode": {"affinity": {"nodeAfinity": {}}}}, "unknown field"),
+    # autoscaling (docs/autoscaling.md)
+    ("autoscaling-min-not-above-max", {"model": M, "decode": {"replicas": 3, "autoscaling": {"minReplicas": 3,
+     "maxReplicas": 2}}}, "autoscaling.minReplicas must be <= autoscaling.maxReplicas"),
+    ("autoscaling-replicas-in-range", {"model": M, "decode": {"replicas": 9, "autoscaling": {"maxReplicas": 4}}},
+     "replicas must lie within autoscaling.minReplicas..maxReplicas"),
+    ("autoscaling-single-node-only", {"model": M, "decode": {"tensorParallelSize": 16, "autoscaling": {"maxReplicas": 4}}},
+     "autoscaling is not supported on a role whose replica spans nodes"),
+    ("autoscaling-signals-unique", {"model": M, "decode": {"autoscaling": {"maxReplicas": 4, "metrics": [
+     {"signal": "kvCacheUsage", "target": 0.7}, {"signal": "kvCacheUsage", "target": 0.5}]}}},
+     "autoscaling.metrics may name each signal once"),
+    ("kv-cache-usage-target-fraction", {"model": M, "decode": {"autoscaling": {"maxReplicas": 4, "metrics": [
+     {"signal": "kvCacheUsage", "target": 70}]}}}, "the kvCacheUsage target is a fraction"),
+    ("autoscaling-signal-unknown", {"model": M, "prefill": {"autoscaling": {"maxReplicas": 4, "metrics": [
+     {"signal": "gpuUtilization", "target": 1}]}}}, "Unsupported value"),
+    ("autoscaling-max-required", {"model": M, "prefill": {"autoscaling": {"minReplicas": 1}}},
+     "maxReplicas: Required value"),
+    ("ratio-needs-autoscaling", {"model": M, "ratio": {"maxDecodePerPrefill": 4}},
+     "spec.ratio bounds decode replicas per prefill replica while both roles autoscale"),
+    ("ratio-has-a-bound", {"model": M, "prefill": {"autoscaling": {"maxReplicas": 2}},
+     "decode": {"autoscaling": {"maxReplicas": 4}}, "ratio": {}}, "ratio needs minDecodePerPrefill"),
+    ("ratio-min-not-above-max", {"model": M, "prefill": {"autoscaling": {"maxReplicas": 2}},
+     "decode": {"autoscaling": {"maxReplicas": 4}}, "ratio": {"minDecodePerPrefill": 3, "maxDecodePerPrefill": 2}},
+     "ratio.minDecodePerPrefill must be <= ratio.maxDecodePerPrefill"),
+    ("ratio-reachable", {"model": M, "prefill": {"replicas": 4, "autoscaling": {"minReplicas": 4, "maxReplicas": 8}},
+     "decode": {"autoscaling": {"maxReplicas": 3}}, "ratio": {"minDecodePerPrefill": 1}},
+     "spec.ratio cannot be met within the autoscaling ranges"),
+    ("ratio-room-to-grow", {"model": M, "prefill": {"autoscaling": {"maxReplicas": 4}},
+     "decode": {"autoscaling": {"maxReplicas": 8}}, "ratio": {"minDecodePerPrefill": 1, "maxDecodePerPrefill": 1.5}},
+     "spec.ratio.maxDecodePerPrefill is too close to minDecodePerPrefill"),
+]  # fmt: skip
+
+AUTOSCALING = {"model": M, "decode": {"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}}}
+BAD_UPDATES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+    # (rule id, spec as created, spec as updated, message): transition rules (CEL oldSelf) hold on updates only,
+    # e.g. `kubectl scale hpd` (the scale subresource writes spec.decode.replicas) on an autoscaling decode.
+    ("autoscaling-replicas-not-pinned", AUTOSCALING, {**AUTOSCALING, "decode": {**AUTOSCALING["decode"], "replicas": 3}},
+     "replicas cannot be changed while autoscaling is set"),
 ]  # fmt: skip
 
 _SAMPLE: dict[str, Any] = {"bool": True, "str": "x", "obj": {}, "list": [{}], "strlist": ["x"], "map": {"a": "b"}}

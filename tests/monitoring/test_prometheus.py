@@ -28,6 +28,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from hpd_devcluster import adapter
 from hpd_devcluster.testing import wait_for
 from hpd_operator.monitoring import __main__ as gen
 from hpd_operator.monitoring import dashboard, rules
@@ -170,6 +171,7 @@ def _create_cr(api: client.ApiClient, kubeconfig: Path, namespace: str) -> None:
     client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     doc = yaml.safe_load(SEED.read_text())
     doc["metadata"] = {"name": CR_NAME, "namespace": namespace}
+    doc["spec"]["decode"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 1}
     client.CustomObjectsApi(api).create_namespaced_custom_object(c.GROUP, c.VERSION, namespace, c.PLURAL, doc)
 
 
@@ -189,11 +191,14 @@ def _cr_phase(api: client.ApiClient, namespace: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def stack(api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    devcluster: Any, api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("prom-stack")
     procs = Procs(workdir)
     namespace = f"mon-{os.getpid()}"
     prom: Prometheus | None = None
+    scaler: adapter.Adapter | None = None
     try:
         engines = {"prefill": _engine(procs, "prefill", workdir)}
         engines["decode"] = _engine(procs, "decode", workdir, prefill=engines["prefill"])
@@ -245,6 +250,9 @@ def stack(api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pyte
             },
         ]
         prom = Prometheus(workdir, scrape, [gen.RULES_PATH])
+        # decode autoscales (min = max = 1) on the scraped stand-in's signals, through the real metrics adapter:
+        # the dashboard's autoscaling panels and HPDAutoscalerAtMaxOverTarget read what the operator then exports
+        scaler = adapter.start(devcluster, prom.url, gen.ADAPTER_RULES_PATH)
         _create_cr(api_client, kubeconfig, namespace)
 
         fakes = {role: f"http://{LOOPBACK}:{ports[0]}" for role, ports in engines.items()}
@@ -262,6 +270,8 @@ def stack(api_client: client.ApiClient, kubeconfig: Path, tmp_path_factory: pyte
         print(procs.logs())
         raise
     finally:
+        if scaler is not None:
+            adapter.stop(devcluster, scaler)
         if prom is not None:
             prom.stop()
         procs.stop()

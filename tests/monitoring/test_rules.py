@@ -196,6 +196,20 @@ CASES: dict[str, Case] = {
         ],
         CR_LABELS,
     ),
+    "HPDAutoscalerAtMaxOverTarget": Case(
+        "15m",
+        [
+            (f'hpd_operator_autoscaler_signal_ratio{{{CR},role="prefill",signal="waitingRequests"}}', "2.5x20"),
+            (f'hpd_operator_autoscaler_at_max{{{CR},role="prefill"}}', "1x20"),
+        ],
+        [  # over target but still growing; at its maximum with the load within target
+            (f'hpd_operator_autoscaler_signal_ratio{{{CR},role="prefill",signal="waitingRequests"}}', "2.5x20"),
+            (f'hpd_operator_autoscaler_at_max{{{CR},role="prefill"}}', "0x20"),
+            (f'hpd_operator_autoscaler_signal_ratio{{{CR},role="decode",signal="kvCacheUsage"}}', "0.9x20"),
+            (f'hpd_operator_autoscaler_at_max{{{CR},role="decode"}}', "1x20"),
+        ],
+        {**CR_LABELS, "role": "prefill"},
+    ),
     "HPDOperatorReconcileErrors": Case(
         "25m",
         [

@@ -31,6 +31,8 @@ GET /_requests (everything recorded: path, X-Request-Id, body), GET /_env (argv 
 ({"health": 500} flips /health; {"fail": "completions"|null}; {"metrics": {...}} see vllm_metrics.control),
 GET /metrics (vLLM 0.20's metric names and labels, from vllm_metrics.py). Listens on --host and, like vLLM on
 every address of its pod, on HPD_POD_IP when that is set and differs.
+Shutdown as vLLM 0.20 (--shutdown-timeout: 0 aborts in-flight requests on SIGTERM, N finishes them and refuses new
+ones); --hold-kv (prefill keeps each KV until decode reads GET /_kv/<id>), --pull-kv-delay S (decode reads it after S).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from typing import Any
 
@@ -58,6 +62,46 @@ class FakeVLLM:
         self.fail: str | None = ns.fail
         self.metrics = VllmMetrics(ns.model, role_of(sys.argv))
         self.pd_output: str = ns.pd_output
+        self.inflight = 0
+        self.held: set[str] = set()
+        """--hold-kv: the remote_request_id of each prefill whose KV decode has not pulled yet."""
+        self.shutting_down = False
+
+    def begin(self) -> bool:
+        """A request arrives: False once SIGTERM started vLLM's shutdown (it serves no new request then)."""
+        with self.lock:
+            if self.shutting_down:
+                return False
+            self.inflight += 1
+            self.metrics.running.labels(**self.metrics.labels).set(self.inflight)
+            return True
+
+    def end(self) -> None:
+        with self.lock:
+            self.inflight -= 1
+            self.metrics.running.labels(**self.metrics.labels).set(self.inflight)
+
+    def hold(self, rid: str) -> None:
+        with self.lock:
+            self.held.add(rid)
+            self.metrics.kv_usage.labels(**self.metrics.labels).set(min(1.0, 0.01 * len(self.held)))
+
+    def release(self, rid: str) -> bool:
+        with self.lock:
+            found = rid in self.held
+            self.held.discard(rid)
+            self.metrics.kv_usage.labels(**self.metrics.labels).set(min(1.0, 0.01 * len(self.held)))
+            return found
+
+    def pull_kv(self, kv: dict[str, Any]) -> bool:
+        """--pull-kv-delay (decode): read the KV from the prefill that holds it, as NIXL does, after the delay."""
+        time.sleep(self.ns.pull_kv_delay)
+        url = f"http://{kv.get('remote_host')}:{kv.get('remote_port')}/_kv/{kv.get('remote_request_id')}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def completion(self, body: dict[str, Any], request_id: str | None) -> tuple[int, dict[str, Any]]:
         if self.ns.completion_delay:
@@ -77,6 +121,8 @@ class FakeVLLM:
         if from_prefill and self.pd_output == "nan-http-400":
             msg = "Out of range float values are not JSON compliant: nan"
             return 400, {"error": {"message": msg, "type": "BadRequestError", "param": None, "code": 400}}
+        if from_prefill and self.ns.pull_kv_delay is not None and not self.pull_kv(kv_in):
+            return 500, {"error": {"message": "KV load failed: the prefill holding it is gone", "code": 500}}
         source = prefill_generation(kv_in) if from_prefill else "none"
         mode = self.pd_output if from_prefill else "local"
         if from_prefill and self.ns.generation and source != self.ns.generation:
@@ -114,6 +160,9 @@ class FakeVLLM:
                 "remote_port": 5600,
                 "tp_size": 1,
             }
+            if self.ns.hold_kv:  # decode reads it from here (GET /_kv/<id>) before it decodes
+                resp["kv_transfer_params"].update(remote_host=self.ns.host, remote_port=self.ns.port)
+                self.hold(f"prefill-{request_id}")
         return 200, resp
 
 
@@ -191,6 +240,9 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+            elif self.path.startswith("/_kv/"):
+                found = app.release(self.path[len("/_kv/") :])
+                self._send(200 if found else 404, {"released": found})
             elif self.path == "/_env":
                 self._send(200, {"argv": sys.argv, "env": dict(os.environ), "pid": os.getpid()})
             else:
@@ -211,6 +263,15 @@ def make_handler(app: FakeVLLM) -> type[http.server.BaseHTTPRequestHandler]:
             if self.path != "/v1/completions":
                 self._send(404, {"error": "not found"})
                 return
+            if not app.begin():  # vLLM's server after SIGTERM: shutting down, no new request
+                self._send(503, {"error": {"message": "server shutting down", "code": 503}})
+                return
+            try:
+                self._completion(body)
+            finally:
+                app.end()
+
+        def _completion(self, body: Any) -> None:
             rid = self.headers.get("X-Request-Id")
             with app.lock:
                 app.requests.append({"path": self.path, "request_id": rid, "body": body, "t": time.monotonic()})
@@ -261,8 +322,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pd-output", default="ok", choices=["ok", "wrong-tokens", "nan", "no-transfer", "nan-http-400"])
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--token-delay", type=float, default=0.0)
+    # vLLM 0.20's own flag (vllm/v1/engine/core.py _handle_shutdown): on SIGTERM, 0 aborts every in-flight request;
+    # N > 0 serves no new request and finishes the in-flight ones for up to N seconds, then exits.
+    p.add_argument("--shutdown-timeout", type=int, default=0)
+    p.add_argument("--hold-kv", action="store_true", help="prefill: keep each request's KV until decode pulls it")
+    p.add_argument("--pull-kv-delay", type=float, default=None, help="decode: pull the KV from prefill after this")
     p.add_argument("--generation", default=None)
     ns, _unknown = p.parse_known_args(argv)
+    app_ref: list[FakeVLLM] = []
+
+    def shutdown(app: FakeVLLM) -> None:
+        deadline = time.monotonic() + ns.shutdown_timeout
+        while time.monotonic() < deadline:
+            with app.lock:
+                if app.inflight == 0:
+                    break
+            time.sleep(0.05)
+        os._exit(ns.term_exit_code)
 
     def on_signal(signum: int, _frame: object) -> None:
         if ns.signal_file:
@@ -270,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(signal.Signals(signum).name + "\n")
         if ns.on_term == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif ns.on_term == "exit" and ns.shutdown_timeout > 0 and app_ref:
+            app_ref[0].shutting_down = True
+            threading.Thread(target=shutdown, args=(app_ref[0],), daemon=True).start()
         elif ns.on_term == "exit":
             os._exit(ns.term_exit_code)
 
@@ -278,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.health_delay:
         time.sleep(ns.health_delay)
     app = FakeVLLM(ns)
+    app_ref.append(app)
     http.server.ThreadingHTTPServer.request_queue_size = 64  # the warmup's batch step opens 16 connections at once
     # vLLM binds every address of its pod; a pod address other than --host (HPD_POD_IP, e.g. the GPU bench's second
     # decode pod on 127.0.0.2) is served too

@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from hpd_operator.profile import drain_grace_seconds
+from hpd_runtime import contract
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpu"
 FAKE_VLLM = REPO / "tests" / "runtime" / "fake_vllm.py"
@@ -72,7 +75,8 @@ def test_the_replacement_decode_is_the_rendered_decode_with_a_new_pod_address_an
     assert new.env["HPD_CANARY_SECONDS"] == "0" and old.env["HPD_CANARY_SECONDS"] == "300"  # as rendered
     assert new.env["HPD_PREFILL_SERVICE"] == old.env["HPD_PREFILL_SERVICE"]  # the same prefill
     assert "gemm-warmup-plugin" in new.env["PYTHONPATH"]  # the plugin, as the image and the first decode have it
-    assert b.grace() == 60.0  # the rendered decode pod's terminationGracePeriodSeconds
+    # the rendered decode pod's terminationGracePeriodSeconds: sized for the default drain (docs/autoscaling.md)
+    assert b.grace() == drain_grace_seconds(contract.DRAIN_TIMEOUT_SECONDS_DEFAULT)
 
 
 def test_an_answer_is_identical_close_or_different_by_the_runtimes_output_check() -> None:

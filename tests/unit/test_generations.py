@@ -64,6 +64,7 @@ def changed(path: str, value: Any) -> dict[str, Any]:
         ("decode.resources", {"limits": {"nvidia.com/gpu": 4}}),
         ("warmup.canarySeconds", 60),
         ("decode.nodeSelector", {"pool": "b"}),
+        ("drainTimeoutSeconds", 30),  # the engines' preStop and --shutdown-timeout (docs/autoscaling.md)
     ],
 )
 def test_an_engine_affecting_change_is_a_new_generation(path: str, value: Any) -> None:
@@ -81,6 +82,15 @@ def test_an_engine_affecting_change_is_a_new_generation(path: str, value: Any) -
         ("router.drainSeconds", 30),
         ("monitoring.podMonitor", True),
         ("networkPolicy.enabled", False),
+        ("decode.autoscaling", {"minReplicas": 1, "maxReplicas": 8}),
+        (
+            "prefill.autoscaling",
+            {
+                "maxReplicas": 3,
+                "metrics": [{"signal": "promptTokensPerSecond", "target": 500}],
+                "scaleDownStabilizationSeconds": 30,
+            },
+        ),
     ],
 )
 def test_replicas_router_monitoring_and_policy_changes_keep_the_generation(path: str, value: Any) -> None:
@@ -322,3 +332,98 @@ def test_one_event_per_rollout_transition() -> None:
     assert [r for _, r, m in rollout_transitions(switching, done)] == ["GenerationRemoved"]
     ((_, reason, message),) = rollout_transitions(starting, reverted)
     assert reason == "GenerationCancelled" and "generation 2 (bbbb0002)" in message and "went back" in message
+
+
+# --- autoscaling meets generations (docs/autoscaling.md "Rollouts") --------------------------------------------------
+def autoscaling_doc(**bounds: Any) -> dict[str, Any]:
+    doc = seed_doc()
+    doc["spec"]["prefill"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4, **bounds}
+    doc["spec"]["decode"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 6}
+    doc["spec"]["ratio"] = {"minDecodePerPrefill": 1, "maxDecodePerPrefill": 3}
+    return doc
+
+
+def test_autoscaling_bounds_and_the_ratio_never_start_a_generation() -> None:
+    base = gen_hash(autoscaling_doc())
+    assert gen_hash(autoscaling_doc(maxReplicas=8)) == base == gen_hash(seed_doc())
+    doc = autoscaling_doc()
+    doc["spec"]["ratio"] = {"minDecodePerPrefill": 1, "maxDecodePerPrefill": 5}
+    doc["spec"]["decode"]["autoscaling"]["metrics"] = [{"signal": "runningRequests", "target": 16}]
+    assert gen_hash(doc) == base
+
+
+def planned(doc: dict[str, Any], rolling: bool, start: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    from hpd_operator.profile import compute_profile
+    from hpd_operator.validation import validate
+
+    cr = cr_from(doc)
+    prof = compute_profile(validate(cr))
+    want = Generation(generation_hash(cr, prof), 2)
+    old = Generation("0ld0ld00", 1)
+    route = old if rolling else want
+    return build_all(cr, prof, Plan(desired=want, route=route, keep=frozenset({want.hash, route.hash}), latest=2),
+                     start=start)  # fmt: skip
+
+
+def test_a_new_generation_starts_at_the_serving_counts_and_the_serving_generation_keeps_the_autoscalers() -> None:
+    doc = autoscaling_doc()
+    doc["spec"]["router"]["replicas"] = 1
+    objs = planned(doc, rolling=True, start={"prefill": 2, "decode": 5})
+    deps = {o["metadata"]["labels"][contract.LABEL_COMPONENT]: o for o in objs if o["kind"] == "Deployment"}
+    # the generation that does not serve yet runs what the serving one runs (the operator writes it until the switch)
+    assert (deps["prefill"]["spec"]["replicas"], deps["decode"]["spec"]["replicas"]) == (2, 5)
+    hpas = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"]
+    # the HPAs scale the serving generation's Deployments (named after it), not the new one's
+    assert sorted(h["spec"]["scaleTargetRef"]["name"] for h in hpas) == ["nemotron-3-nano-decode-0ld0ld00",
+                                                                        "nemotron-3-nano-prefill-0ld0ld00"]  # fmt: skip
+    assert {h["metadata"]["labels"][contract.LABEL_GENERATION] for h in hpas} == {"0ld0ld00"}
+
+
+def test_after_the_switch_the_new_generation_has_its_own_autoscalers_and_no_replicas_of_the_operator() -> None:
+    objs = planned(autoscaling_doc(), rolling=False, start={"prefill": 2, "decode": 5})
+    deps = {o["metadata"]["labels"][contract.LABEL_COMPONENT]: o for o in objs if o["kind"] == "Deployment"}
+    assert "replicas" not in deps["prefill"]["spec"] and "replicas" not in deps["decode"]["spec"]
+    hpas = {h["spec"]["scaleTargetRef"]["name"] for h in objs if h["kind"] == "HorizontalPodAutoscaler"}
+    assert hpas == {deps["prefill"]["metadata"]["name"], deps["decode"]["metadata"]["name"]}
+
+
+def test_a_role_that_does_not_autoscale_keeps_its_spec_replicas_in_every_generation() -> None:
+    doc = autoscaling_doc()
+    del doc["spec"]["decode"]["autoscaling"], doc["spec"]["ratio"]
+    doc["spec"]["decode"]["replicas"] = 3
+    for rolling in (True, False):
+        objs = planned(doc, rolling=rolling, start={"prefill": 2})
+        (d,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"][contract.LABEL_COMPONENT]
+                == "decode"]  # fmt: skip
+        assert d["spec"]["replicas"] == 3
+        assert [h["metadata"]["labels"][contract.LABEL_COMPONENT] for h in objs
+                if h["kind"] == "HorizontalPodAutoscaler"] == ["prefill"]  # fmt: skip
+
+
+def test_the_start_count_is_the_serving_generations_within_the_bounds() -> None:
+    from hpd_operator.scaling import Bounds, start_replicas
+
+    s = cr_from(autoscaling_doc()).spec
+    bounds = {"prefill": Bounds(1, 4), "decode": Bounds(2, 6)}
+    assert start_replicas(s, {"prefill": 3, "decode": 5}, bounds) == {"prefill": 3, "decode": 5}
+    assert start_replicas(s, {"prefill": 9, "decode": 1}, bounds) == {"prefill": 4, "decode": 2}  # clipped
+    assert start_replicas(s, {"prefill": None, "decode": None}, bounds) == {"prefill": 1, "decode": 2}  # spec's
+
+
+def test_a_draining_generations_autoscaler_is_pruned_at_the_switch_while_its_engines_stay() -> None:
+    new, old = Generation("n3wn3w00", 2), Generation("0ld0ld00", 1)
+    plan = Plan(desired=new, route=new, keep=frozenset({new.hash, old.hash}), latest=2)  # old: router pods drain
+    labels = {contract.LABEL_COMPONENT: "prefill", **old.labels()}
+    engine = {"kind": "Deployment", "metadata": {"name": "x-prefill-0ld0ld00", "labels": labels}}
+    hpa = {"kind": "HorizontalPodAutoscaler", "metadata": {"name": "x-prefill-0ld0ld00", "labels": labels}}
+    assert kept(engine, plan) and not kept(hpa, plan)
+
+
+def test_an_autoscaling_roles_desired_count_is_what_its_deployment_runs() -> None:
+    from hpd_operator.status import generation_desired
+
+    s = cr_from(autoscaling_doc()).spec
+    g = LiveGeneration("n3wn3w00", 2, deployments={"prefill": deployment("prefill", "n3wn3w00", 2, replicas=3),
+                                                   "decode": deployment("decode", "n3wn3w00", 2, replicas=4)})  # fmt: skip
+    assert generation_desired(s, g, "n3wn3w00") == {"prefill": 3, "decode": 4}  # not spec.<role>.replicas (1)
+    assert generation_desired(s, None, "n3wn3w00") == {"prefill": 1, "decode": 1}

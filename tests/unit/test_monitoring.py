@@ -128,6 +128,7 @@ def test_dashboard_covers_every_role_row() -> None:
         "Router",
         "Data path after Ready",
         "Readiness and warmup",
+        "Autoscaling (per role: its own signal, docs/autoscaling.md)",
         "Operator",
     ]
     dash = dashboard.build_dashboard()
@@ -143,7 +144,7 @@ def test_docs_list_every_operator_metric_and_every_alert() -> None:
         for m in collector.collect():
             if m.name.startswith(("controller_runtime_", "hpd_operator_", "workqueue_")):
                 names.add(m.name + ("_total" if m.type == "counter" else ""))
-    assert len(names) == 21
+    assert len(names) == 24
     assert [n for n in sorted(names) if f"`{n}`" not in doc] == []
     assert [a.name for a in rules.alerts() if f"`{a.name}`" not in doc] == []
 

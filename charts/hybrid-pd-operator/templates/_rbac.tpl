@@ -54,6 +54,12 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The autoscaling roles' HorizontalPodAutoscalers (builders/autoscaling.py, spec.<role>.autoscaling): the operator
+# applies them, narrows their min/max for spec.ratio and reads their status (the scaler's decision); it never writes a
+# scale subresource (the HPA controller does, with its own rights).
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # PodMonitors, only used (and watched) when the Prometheus Operator's CRD is served at startup
 # (apply.api_available reads discovery, which every authenticated user may read).
 - apiGroups: ["monitoring.coreos.com"]

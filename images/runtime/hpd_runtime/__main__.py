@@ -4,6 +4,8 @@
 - `warmup`: run the warmup once against an already running vLLM and exit 0/1 (debugging).
 - `readiness`: serve /readyz, /livez, /metrics for an already running vLLM (debugging; `--warmup` runs the
   warmup first, otherwise ready = vLLM /health).
+- `drain`: the engine container's preStop hook (hpd_runtime.drain): not Ready at once, then wait for the router to
+  drop the pod and for vLLM's in-flight work (and, on prefill, the KV decode has not pulled yet) before SIGTERM.
 - `probe`: the exec startup/readiness probe: GET the local runtime's /readyz, print its reason, exit 0 when
   ready, 1 otherwise. The kubelet puts a failing exec probe's output into the pod's `Unhealthy` Event
   ("Readiness probe failed: <reason>"), which the operator copies into the DecodeReady/PrefillReady condition.
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for /health (default 600)")
     pr = sub.add_parser("probe", help="exec probe: print the runtime's /readyz reason, exit 0 when ready")
     pr.add_argument("--timeout", type=float, default=4.0, help="seconds to wait for /readyz (default 4)")
+    sub.add_parser("drain", help="preStop: stop new work, wait for in-flight requests (and held KV) to finish")
     r = sub.add_parser("readiness", help="serve /readyz /livez /metrics for a running vLLM")
     r.add_argument("--warmup", action="store_true", help="run the warmup first (ready only after it)")
     return p
@@ -84,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if ns.command == "probe":
             return probe(os.environ, ns.timeout)
+        if ns.command == "drain":
+            from hpd_runtime.drain import drain
+
+            return drain(os.environ)
         cfg = load_config(os.environ)
         from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState
         from hpd_runtime.warmup import Warmup

@@ -75,6 +75,18 @@ PROBE_COMMAND: Final = ("python3", "-m", "hpd_runtime", "probe")
 """Exec startup/readiness probe: prints the /readyz reason, so the kubelet's `Unhealthy` Event carries it
 ("Readiness probe failed: <reason>"); an HTTP probe's Event has only the status code."""
 
+DRAIN_COMMAND: Final = ("python3", "-m", "hpd_runtime", "drain")
+"""The engine container's preStop hook (hpd_runtime.drain): stop new work, wait for in-flight requests and, on
+prefill, for decode to pull the KV it holds, then return so the kubelet's SIGTERM finds vLLM idle."""
+PATH_DRAIN: Final = "/drain"
+"""POST on the runtime port: turn /readyz 503 "draining" for good (the preStop calls it first)."""
+ENV_DRAIN_TIMEOUT_SECONDS: Final = "HPD_DRAIN_TIMEOUT_SECONDS"
+"""How long the preStop waits for in-flight work; vLLM gets the same as --shutdown-timeout after SIGTERM."""
+ENV_DRAIN_PROPAGATION_SECONDS: Final = "HPD_DRAIN_PROPAGATION_SECONDS"
+"""How long the preStop waits first, for the router's pod watch to drop the leaving pod (its deletion event)."""
+DRAIN_TIMEOUT_SECONDS_DEFAULT: Final = 120
+DRAIN_PROPAGATION_SECONDS_DEFAULT: Final = 5
+
 # --- Mount paths -----------------------------------------------------------------------------------------------
 CACHE_MOUNT: Final = "/cache"
 """Persistent compile/Triton cache volume; the runtime keys a subdirectory per model x vLLM x GPU x TP x role."""

@@ -11,11 +11,15 @@
   others). This is how Prometheus reads vLLM's metrics without being let through to vLLM's API port, where the
   same server also serves completions to anyone who reaches it (the engines' NetworkPolicy admits Prometheus on
   this port only).
+- `POST /drain` (the preStop, `hpd_runtime drain`) turns `/readyz` 503 for good. It is accepted only from a loopback
+  address, i.e. from inside the pod: the port is open to Prometheus' peer, a label any tenant can wear, and a drain
+  takes a pod out of service. Any other POST is answered 501, as http.server answers every other method.
 """
 
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import json
 import threading
 import time
@@ -177,6 +181,8 @@ class RuntimeState:
         """Identifies this runtime process (= this vLLM process: `launch` exits with vLLM); decode peers poll it."""
         self._pair_fault: str | None = None
         self._kv_report: str | None = None
+        self.draining = threading.Event()
+        """Set by POST /drain (the preStop): not Ready from then on, whatever else holds."""
 
     def set_pair_fault(self, reason: str | None) -> None:
         """Decode: why P->D is not trusted now (None = the pair checks pass)."""
@@ -239,7 +245,9 @@ def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, s
         return _worker_readiness(state)
     status = health_status(cfg.vllm_host, cfg.vllm_port, timeout=HEALTH_TIMEOUT_SECONDS)
     state.metrics.vllm_healthy.set(1 if status == 200 else 0)
-    if not state.warm.is_set():
+    if state.draining.is_set():
+        ready, why = False, "draining: the pod is leaving (preStop), finishing in-flight requests"
+    elif not state.warm.is_set():
         phase, reason = state.snapshot()
         ready, why = False, f"warmup {phase}: {reason}"
     elif (fault := state.pair_fault()) is not None:
@@ -273,6 +281,28 @@ def evaluate_liveness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, st
     return alive, "vLLM process alive" if alive else "vLLM process exited"
 
 
+def from_inside_the_pod(client: str) -> bool:
+    """Whether a request comes from a loopback address (the pod's own network namespace: its preStop), IPv4-mapped
+    IPv6 included. Another pod, Prometheus or a node connects from a pod or node address, never from loopback."""
+    try:
+        addr = ipaddress.ip_address(client.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def mark_draining(state: RuntimeState, client: str) -> tuple[int, bytes]:
+    """POST /drain: from inside the pod, not Ready from now on (200); from anywhere else, refused (403)."""
+    if not from_inside_the_pod(client):
+        return 403, b"drain is accepted from inside the pod only (its preStop)\n"
+    if not state.draining.is_set():
+        state.draining.set()
+        log_event("draining")
+    return 200, b"draining\n"
+
+
 def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "hpd-runtime"
@@ -301,6 +331,13 @@ def _handler(state: RuntimeState, cfg: RuntimeConfig) -> type[http.server.BaseHT
                     self._send(200, body, ctype)
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0] != c.PATH_DRAIN:
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+                return
+            status, body = mark_draining(state, str(self.client_address[0]))
+            self._send(status, body, "text/plain; charset=utf-8")
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)

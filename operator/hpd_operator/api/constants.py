@@ -104,6 +104,7 @@ DENIED_FLAGS: Final = MappingProxyType(
         "--speculative-config": "speculative decoding is not validated with hybrid P/D (MTP crashes on transferred state)",
         "--speculative-model": "speculative decoding is not validated with hybrid P/D",
         "--num-speculative-tokens": "speculative decoding is not validated with hybrid P/D",
+        "--shutdown-timeout": "set spec.drainTimeoutSeconds (the preStop and the termination grace period follow it)",
         "--disable-log-stats": "it removes every vllm:* metric from /metrics (dashboards, alerts, autoscaling)",
         "--pipeline-parallel-size": "set spec.prefill.pipelineParallelSize / spec.decode.pipelineParallelSize (the GPUs "
         "and nodes of a replica follow it)",

@@ -209,6 +209,15 @@ def _crd_version(root: Schema) -> dict[str, Any]:
             {"name": "Decode", "type": "string", "jsonPath": ".status.decode.summary"},
             {"name": "Gen", "type": "integer", "jsonPath": ".status.rollout.servingGeneration"},
             {"name": "Rollout", "type": "string", "jsonPath": ".status.rollout.summary"},
+            # The autoscalers' `current->desired decision` (kubectl get hpd -o wide): empty for a CR that does not
+            # autoscale, so not in the default table a newcomer sees first.
+            {
+                "name": "Prefill-Scaler",
+                "type": "string",
+                "jsonPath": ".status.prefill.autoscaler.summary",
+                "priority": 1,
+            },
+            {"name": "Decode-Scaler", "type": "string", "jsonPath": ".status.decode.autoscaler.summary", "priority": 1},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],

@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from hpd_operator.api import constants as c
 from hpd_operator.api.rules import QUANTITY_PATTERN, cel_rules
+from hpd_operator.api.signals import SignalName
 from hpd_runtime import contract
 
 PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
@@ -309,6 +310,40 @@ class PodTemplate(_Model):
     spec: PodSpecOverride | None = None
 
 
+class AutoscalingMetric(_Model):
+    """One load signal the role follows (hpd_operator.api.signals): the HorizontalPodAutoscaler holds its
+    per-replica average at `target`, and with several signals takes the largest replica count any of them asks for."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("autoscalingMetric")})
+    signal: SignalName
+    """`waitingRequests` (vllm:num_requests_waiting: queued whole prompts, prefill's backlog),
+    `promptTokensPerSecond` (rate of vllm:prompt_tokens_total), `kvCacheUsage` (vllm:kv_cache_usage_perc, 0-1) or
+    `runningRequests` (vllm:num_requests_running: the running batch)."""
+    target: float = Field(gt=0, le=1_000_000)
+    """The per-replica average to hold: e.g. 4 waiting requests, 0.7 of the KV cache, 32 running requests."""
+
+
+class AutoscalingSpec(_Model):
+    """Scale this role with a HorizontalPodAutoscaler on vLLM's own load signals (external metrics through a
+    metrics adapter: docs/autoscaling.md). The autoscaler then owns the Deployment's replica count; spec.<role>.replicas
+    is only the size the role starts at."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("autoscaling")})
+    min_replicas: int = Field(default=1, ge=1, le=c.MAX_REPLICAS)
+    """Fewest replicas (at least 1: scale to zero is not offered, docs/autoscaling.md says why)."""
+    max_replicas: int = Field(ge=1, le=c.MAX_REPLICAS)
+    """Most replicas (GPUs: maxReplicas x tensorParallelSize)."""
+    metrics: Annotated[list[AutoscalingMetric], Field(max_length=4)] = _list()
+    """The signals to follow; empty = the role's defaults: prefill waitingRequests 4; decode kvCacheUsage 0.7 and
+    runningRequests 32."""
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
+    """The HPA scales up to the lowest recommendation of this window (0: at once)."""
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
+    """The HPA scales down only to the highest recommendation of this window (load must stay low this long)."""
+    scale_down_period_seconds: int = Field(default=60, ge=1, le=1800)
+    """Scale down by at most one pod per this many seconds (each leaving pod drains first: docs/autoscaling.md)."""
+
+
 class RoleSpec(_Model):
     """One engine role (prefill or decode): a Deployment of vLLM pods, or a LeaderWorkerSet when one replica needs
     more GPUs than a node has (gpusPerNode)."""
@@ -344,6 +379,8 @@ class RoleSpec(_Model):
     operator's). Host namespaces, hostPath volumes, service accounts and security contexts are refused by name."""
     extra_args: Annotated[Args, Field(json_schema_extra={"x-kubernetes-validations": [_DENIED_ARGS_RULE]})] = _list()
     """Extra `vllm serve` arguments for this role, after spec.extraArgs."""
+    autoscaling: AutoscalingSpec | None = None
+    """Follow load with a HorizontalPodAutoscaler between minReplicas and maxReplicas (unset: `replicas` pods)."""
 
     @property
     def gpus_per_replica(self) -> int:
@@ -500,6 +537,17 @@ class NetworkPolicySpec(_Model):
     NetworkPolicy cannot name a host). Off by default: model sources on other ports or proxies would break."""
 
 
+class RatioSpec(_Model):
+    """Bounds on decode replicas per prefill replica while both roles autoscale: the operator narrows each
+    autoscaler's min/max so that neither role runs away from the other (docs/autoscaling.md)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": cel_rules("ratio")})
+    min_decode_per_prefill: float | None = Field(default=None, gt=0, le=c.MAX_REPLICAS)
+    """At least this many decode replicas per prefill replica (e.g. 1)."""
+    max_decode_per_prefill: float | None = Field(default=None, gt=0, le=c.MAX_REPLICAS)
+    """At most this many decode replicas per prefill replica (e.g. 4)."""
+
+
 class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=253)
     value: str | None = Field(default=None, max_length=c.MAX_ENV_VALUE)
@@ -547,6 +595,13 @@ class HybridPDDeploymentSpec(_Model):
     cache: CacheSpec = _sub(CacheSpec)
     monitoring: MonitoringSpec = _sub(MonitoringSpec)
     network_policy: NetworkPolicySpec = _sub(NetworkPolicySpec)
+    ratio: RatioSpec | None = None
+    """Bounds on the decode:prefill replica ratio (needs autoscaling on both roles)."""
+    drain_timeout_seconds: int = Field(default=contract.DRAIN_TIMEOUT_SECONDS_DEFAULT, ge=0, le=3600)
+    """How long a leaving engine pod (scale-down, rollout, eviction) may take to finish its in-flight requests: its
+    preStop waits up to this long for them (and, on prefill, for decode to pull the KV it holds), then vLLM gets it
+    again as --shutdown-timeout; terminationGracePeriodSeconds = 2 x this + 15. 0: vLLM aborts in-flight requests on
+    SIGTERM (its own default)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -594,6 +649,26 @@ class Condition(_Model):
     observed_generation: int | None = Field(default=None, ge=0)
 
 
+class AutoscalerStatus(_Model):
+    """What the role's HorizontalPodAutoscaler decided last, and the bounds the operator gave it."""
+
+    min_replicas: int | None = None
+    """The minimum in force (spec.<role>.autoscaling.minReplicas, raised by the ratio bound where it must)."""
+    max_replicas: int | None = None
+    """The maximum in force (lowered by the ratio bound where it must)."""
+    current_replicas: int | None = None
+    desired_replicas: int | None = None
+    last_scale_time: str | None = None
+    decision: str | None = None
+    """ScaledUp, ScaledDown, Steady, AtMax, AtMin, HeldByRatio, NoMetrics, Pending."""
+    reason: str | None = Field(default=None, max_length=4096)
+    """The autoscaler's own words (its conditions) and the operator's ratio decision, if any."""
+    signals: list[str] = Field(default_factory=list)
+    """Each signal's per-replica value against its target, e.g. `waitingRequests 9/4`."""
+    summary: str | None = None
+    """`current->desired decision`, e.g. `2->3 ScaledUp` (printer columns)."""
+
+
 class RoleStatus(_Model):
     replicas: int | None = None
     ready_replicas: int | None = None
@@ -602,6 +677,8 @@ class RoleStatus(_Model):
     """`ready/desired`, e.g. 1/1 (printer columns)."""
     selector: str | None = None
     """Label selector of the role's pods (scale subresource)."""
+    autoscaler: AutoscalerStatus | None = None
+    """Set while the role autoscales."""
 
 
 class InjectionStatus(_Model):

@@ -27,7 +27,7 @@ from hpd_operator.errors import SpecViolation
 from hpd_runtime import contract
 
 Scope = Literal["root", "spec", "model", "modelSource", "role", "resources", "kvTransfer", "cache", "podSpec",
-                "podMetadata", "container", "volume", "projection"]  # fmt: skip
+                "podMetadata", "container", "volume", "projection", "autoscaling", "autoscalingMetric", "ratio"]  # fmt: skip
 Check = Callable[[Any], Iterable[str]]
 """Python twin: yields the relative field path ('' = the node itself, '.x' = a child) of each violation."""
 
@@ -179,7 +179,7 @@ FORBIDDEN_CONTAINER_FIELDS: Final = {
     "readinessProbe": ("readiness_probe", "the operator's probes gate Ready on the warmup"),
     "livenessProbe": ("liveness_probe", "the operator's probes gate Ready on the warmup"),
     "securityContext": ("security_context", "the operator sets a restricted container securityContext"),
-    "lifecycle": ("lifecycle", "vLLM drains on SIGTERM; hooks would race it"),
+    "lifecycle": ("lifecycle", "the operator's preStop drains the pod (hpd_runtime drain); another hook would race it"),
     "workingDir": ("working_dir", "the runtime relies on the image's working directory"),
 }
 FORBIDDEN_VOLUME_FIELDS: Final = {
@@ -225,6 +225,82 @@ def _forbidden_rows(scope: Scope, table: dict[str, tuple[str, str]], where: str)
         for name, (attr, why) in table.items()
     ]
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Autoscaling (docs/autoscaling.md)
+# ---------------------------------------------------------------------------------------------------------------
+def _ratio_bounds(spec: Any) -> tuple[float, float] | None:
+    """(min, max) decode per prefill of a spec with a ratio (unset ends: 0 and infinity)."""
+    r = spec.ratio
+    if r is None:
+        return None
+    lo = r.min_decode_per_prefill if r.min_decode_per_prefill is not None else 0.0
+    hi = r.max_decode_per_prefill if r.max_decode_per_prefill is not None else float("inf")
+    return lo, hi
+
+
+def _ratio_without_autoscaling(spec: Any) -> bool:
+    return spec.ratio is not None and (spec.prefill.autoscaling is None or spec.decode.autoscaling is None)
+
+
+def _ratio_unreachable(spec: Any) -> bool:
+    """No prefill count in its autoscaling range has a decode count in decode's range within the ratio (real-valued:
+    some P in [pmin, pmax] with rmin*P <= dmax and rmax*P >= dmin)."""
+    b, p, d = _ratio_bounds(spec), spec.prefill.autoscaling, spec.decode.autoscaling
+    if b is None or p is None or d is None:
+        return False
+    return bool(b[0] * p.min_replicas > d.max_replicas or b[1] * p.max_replicas < d.min_replicas)
+
+
+def _ratio_too_narrow(spec: Any) -> bool:
+    """The band leaves no room for one role to grow by one replica while the other holds (independent scalers move
+    one role at a time): at the smallest sizes, rmin*(pmin+1) <= rmax*pmin and rmin*(dmin+1) <= rmax*dmin."""
+    b, p, d = _ratio_bounds(spec), spec.prefill.autoscaling, spec.decode.autoscaling
+    if b is None or p is None or d is None or b[0] == 0 or b[1] == float("inf"):
+        return False
+    grow_p = p.max_replicas > p.min_replicas and b[0] * (p.min_replicas + 1) > b[1] * p.min_replicas
+    grow_d = d.max_replicas > d.min_replicas and b[0] * (d.min_replicas + 1) > b[1] * d.min_replicas
+    return bool(grow_p or grow_d)
+
+
+_PMIN, _PMAX = "double(self.prefill.autoscaling.minReplicas)", "double(self.prefill.autoscaling.maxReplicas)"
+_DMIN, _DMAX = "double(self.decode.autoscaling.minReplicas)", "double(self.decode.autoscaling.maxReplicas)"
+_RMIN, _RMAX = "self.ratio.minDecodePerPrefill", "self.ratio.maxDecodePerPrefill"
+_BOTH_AS = "has(self.prefill.autoscaling) && has(self.decode.autoscaling)"
+_RATIO_ROWS: Final = (
+    Rule(
+        id="ratio-needs-autoscaling",
+        scope="spec",
+        cel=f"!has(self.ratio) || ({_BOTH_AS})",
+        message="spec.ratio bounds decode replicas per prefill replica while both roles autoscale: set "
+        "spec.prefill.autoscaling and spec.decode.autoscaling, or remove spec.ratio",
+        field=".ratio",
+        check=_when(_ratio_without_autoscaling, ".ratio"),
+    ),
+    Rule(
+        id="ratio-reachable",
+        scope="spec",
+        cel=f"!has(self.ratio) || !({_BOTH_AS}) || ("
+        f"(!has({_RMIN}) || {_RMIN} * {_PMIN} <= {_DMAX}) && (!has({_RMAX}) || {_RMAX} * {_PMAX} >= {_DMIN}))",
+        message="spec.ratio cannot be met within the autoscaling ranges: minDecodePerPrefill x "
+        "spec.prefill.autoscaling.minReplicas must be <= spec.decode.autoscaling.maxReplicas, and "
+        "maxDecodePerPrefill x spec.prefill.autoscaling.maxReplicas >= spec.decode.autoscaling.minReplicas",
+        field=".ratio",
+        check=_when(_ratio_unreachable, ".ratio"),
+    ),
+    Rule(
+        id="ratio-room-to-grow",
+        scope="spec",
+        cel=f"!has(self.ratio) || !({_BOTH_AS}) || !has({_RMIN}) || !has({_RMAX}) || ("
+        f"({_PMAX} <= {_PMIN} || {_RMIN} * ({_PMIN} + 1.0) <= {_RMAX} * {_PMIN}) && "
+        f"({_DMAX} <= {_DMIN} || {_RMIN} * ({_DMIN} + 1.0) <= {_RMAX} * {_DMIN}))",
+        message="spec.ratio.maxDecodePerPrefill is too close to minDecodePerPrefill: each role scales on its own, "
+        "one replica at a time, so the band must hold both sizes after one role grows by one from its minReplicas "
+        "(min x (minReplicas + 1) <= max x minReplicas, for prefill and for decode); e.g. 1 and 2, or 1 and 4",
+        field=".ratio.maxDecodePerPrefill",
+        check=_when(_ratio_too_narrow, ".ratio.maxDecodePerPrefill"),
+    ),
+)
 
 RULES: Final[tuple[Rule, ...]] = (
     Rule(
@@ -343,6 +419,41 @@ RULES: Final[tuple[Rule, ...]] = (
         check=_when(lambda r: r.replicas < 0, ".replicas"),
     ),
     Rule(
+        id="autoscaling-replicas-in-range",
+        scope="role",
+        cel="!has(self.autoscaling) || (self.replicas >= self.autoscaling.minReplicas"
+        " && self.replicas <= self.autoscaling.maxReplicas)",
+        message="replicas must lie within autoscaling.minReplicas..maxReplicas: with autoscaling the autoscaler owns "
+        "the replica count and replicas is only the size the role starts at",
+        field=".replicas",
+        check=_when(
+            lambda r: (
+                r.autoscaling is not None and not r.autoscaling.min_replicas <= r.replicas <= r.autoscaling.max_replicas
+            ),
+            ".replicas",
+        ),
+    ),
+    Rule(
+        id="autoscaling-replicas-not-pinned",
+        scope="role",
+        # A transition rule: the operator sees no old object (it never writes replicas of an autoscaled role
+        # either), so its twin finds nothing; `kubectl scale hpd` on an autoscaling decode is refused here.
+        cel="!has(self.autoscaling) || !has(oldSelf.autoscaling) || self.replicas == oldSelf.replicas",
+        message="replicas cannot be changed while autoscaling is set: the autoscaler owns the replica count (change "
+        "autoscaling.minReplicas/maxReplicas, or remove autoscaling to pin replicas)",
+        field=".replicas",
+        check=_when(lambda r: False, ".replicas"),
+    ),
+    Rule(
+        id="autoscaling-single-node-only",
+        scope="role",
+        cel="!has(self.autoscaling) || self.tensorParallelSize * self.pipelineParallelSize <= self.gpusPerNode",
+        message="autoscaling is not supported on a role whose replica spans nodes (tensorParallelSize x "
+        "pipelineParallelSize above gpusPerNode: a LeaderWorkerSet): remove autoscaling and set replicas",
+        field=".autoscaling",
+        check=_when(lambda r: r.autoscaling is not None and r.multi_node, ".autoscaling"),
+    ),
+    Rule(
         id="gpus-cover-tensor-parallel-size",
         scope="role",
         # Operator only: the apiserver's CEL cost estimate treats an int-or-string value as a string of unbounded
@@ -430,6 +541,55 @@ RULES: Final[tuple[Rule, ...]] = (
         field=".ucx.tls",
         check=_when(lambda k: k.fabric == "rdma" and _tls_lacks(k, UCX_IB_TLS), ".ucx.tls"),
     ),
+    Rule(
+        id="autoscaling-min-not-above-max",
+        scope="autoscaling",
+        cel="self.minReplicas <= self.maxReplicas",
+        message="autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+        field=".minReplicas",
+        check=_when(lambda a: a.min_replicas > a.max_replicas, ".minReplicas"),
+    ),
+    Rule(
+        id="autoscaling-signals-unique",
+        scope="autoscaling",
+        cel="!has(self.metrics) || self.metrics.all(m, self.metrics.filter(n, n.signal == m.signal).size() == 1)",
+        message="autoscaling.metrics may name each signal once",
+        field=".metrics",
+        check=_when(lambda a: len({m.signal for m in a.metrics}) != len(a.metrics), ".metrics"),
+    ),
+    Rule(
+        id="kv-cache-usage-target-fraction",
+        scope="autoscalingMetric",
+        cel="self.signal != 'kvCacheUsage' || self.target <= 1.0",
+        message="the kvCacheUsage target is a fraction of the KV cache (e.g. 0.7), at most 1",
+        field=".target",
+        check=_when(lambda m: m.signal == "kvCacheUsage" and m.target > 1, ".target"),
+    ),
+    Rule(
+        id="ratio-min-not-above-max",
+        scope="ratio",
+        cel="!has(self.minDecodePerPrefill) || !has(self.maxDecodePerPrefill)"
+        " || self.minDecodePerPrefill <= self.maxDecodePerPrefill",
+        message="ratio.minDecodePerPrefill must be <= ratio.maxDecodePerPrefill",
+        field=".minDecodePerPrefill",
+        check=_when(
+            lambda r: (
+                r.min_decode_per_prefill is not None
+                and r.max_decode_per_prefill is not None
+                and r.min_decode_per_prefill > r.max_decode_per_prefill
+            ),
+            ".minDecodePerPrefill",
+        ),
+    ),
+    Rule(
+        id="ratio-has-a-bound",
+        scope="ratio",
+        cel="has(self.minDecodePerPrefill) || has(self.maxDecodePerPrefill)",
+        message="ratio needs minDecodePerPrefill, maxDecodePerPrefill or both",
+        field="",
+        check=_when(lambda r: r.min_decode_per_prefill is None and r.max_decode_per_prefill is None),
+    ),
+    *_RATIO_ROWS,
     Rule(
         id="cache-pvc-needs-claim",
         scope="cache",

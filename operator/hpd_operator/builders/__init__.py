@@ -6,12 +6,16 @@ Owner references are added by the handler (they need the live object's uid), nev
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.builders.autoscaling import build_autoscalers
 from hpd_operator.builders.common import Manifest
 from hpd_operator.builders.engine import (
     build_engine_deployment,
     build_engine_pdb,
     build_engine_service,
+    engine_replicas,
     generation_hash,
 )
 from hpd_operator.builders.lws import build_engine_group
@@ -20,6 +24,7 @@ from hpd_operator.builders.network import build_network_policies
 from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
 from hpd_operator.generations import Plan, fresh_plan
 from hpd_operator.profile_model import Profile
+from hpd_operator.scaling import Bounds
 from hpd_runtime import contract
 
 __all__ = ["Manifest", "build_all", "generation_hash", "group_roles"]
@@ -30,17 +35,32 @@ def group_roles(cr: HybridPDDeployment) -> frozenset[str]:
     return frozenset(r for r in contract.ROLES if cr.spec.role(r).multi_node)
 
 
-def build_all(cr: HybridPDDeployment, profile: Profile, plan: Plan | None = None) -> list[Manifest]:
+def build_all(
+    cr: HybridPDDeployment,
+    profile: Profile,
+    plan: Plan | None = None,
+    bounds: Mapping[str, Bounds] | None = None,
+    start: Mapping[str, int] | None = None,
+) -> list[Manifest]:
     """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it): the engines
     of the generation the spec asks for, and the router routing to `plan.route` (hpd_operator.generations). Without
     a plan (nothing runs yet; `render`): generation 1, routed at once. Other generations the plan keeps are not
-    built: they stay as they are."""
+    built: they stay as they are.
+
+    Autoscaling roles: the HPAs scale the generation the router routes to (`bounds`: their min/max from
+    scaling.compute_bounds; default: the user's ranges). While the spec's generation does not serve yet, its
+    autoscaling roles run at `start` (scaling.start_replicas: what the serving generation runs). A multi-node role
+    (a LeaderWorkerSet) never autoscales (validation refuses it), so its replicas are always the spec's."""
     plan = plan or fresh_plan(generation_hash(cr, profile), group_roles(cr))
+    serving = not plan.rolling
     out: list[Manifest] = []
     for role in contract.ROLES:
         out.append(build_engine_service(cr, role, plan.desired))
-        build = build_engine_group if cr.spec.role(role).multi_node else build_engine_deployment
-        out.append(build(cr, profile, role, plan.desired))
+        if cr.spec.role(role).multi_node:
+            out.append(build_engine_group(cr, profile, role, plan.desired))
+        else:
+            replicas = engine_replicas(cr, role, serving, (start or {}).get(role))
+            out.append(build_engine_deployment(cr, profile, role, plan.desired, replicas))
         pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)
@@ -49,4 +69,5 @@ def build_all(cr: HybridPDDeployment, profile: Profile, plan: Plan | None = None
     out.append(build_router_deployment(cr, plan.route))
     out += build_pod_monitors(cr)
     out += build_network_policies(cr)
+    out += build_autoscalers(cr, plan.route, bounds)
     return out

@@ -22,7 +22,7 @@ from hpd_operator.builders.common import (
     metadata,
 )
 from hpd_operator.generations import Generation, hash_templates
-from hpd_operator.profile import gemm_warmup_seconds
+from hpd_operator.profile import drain_grace_seconds, gemm_warmup_seconds
 from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
@@ -168,14 +168,32 @@ def progress_deadline_seconds(cr: HybridPDDeployment) -> int:
     return startup_failure_threshold(w.timeout_seconds, gemm_warmup_seconds(w)) * STARTUP_PERIOD_SECONDS + 60
 
 
-def build_engine_deployment(cr: HybridPDDeployment, profile: Profile, role: contract.Role, gen: Generation) -> Manifest:
-    name, rs = cr.metadata.name, cr.spec.role(role)
+def engine_replicas(cr: HybridPDDeployment, role: contract.Role, serving: bool, start: int | None = None) -> int | None:
+    """The replicas the operator writes into a role's Deployment of the spec's generation (None: it leaves the field
+    out). A role that does not autoscale: spec.<role>.replicas. An autoscaling role's HPA owns the field once the
+    generation serves (`serving`); a generation that does not serve yet starts at `start`, the count the serving
+    generation runs (scaling.start_replicas), so the switch does not drop capacity; its own HPA takes over when
+    traffic moves to it (docs/autoscaling.md)."""
+    rs = cr.spec.role(role)
+    if rs.autoscaling is None:
+        return rs.replicas
+    if serving:
+        return None
+    return start if start is not None else rs.replicas
+
+
+def build_engine_deployment(
+    cr: HybridPDDeployment, profile: Profile, role: contract.Role, gen: Generation, replicas: int | None
+) -> Manifest:
+    """The role's Deployment of one generation; `replicas` None leaves the field out (an autoscaling role: its HPA
+    owns it, so no apply of the operator ever resets what the autoscaler chose)."""
+    name = cr.metadata.name
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": generation_metadata(cr, role, gen),
         "spec": {
-            "replicas": rs.replicas,
+            **({"replicas": replicas} if replicas is not None else {}),
             "selector": {"matchLabels": selector_labels(name, role, gen.hash)},
             # A generation's template never changes (a changed template is a new generation); the strategy only
             # matters for a pod replaced in place. GPUs are the scarce resource: never surge, one at a time.
@@ -204,8 +222,8 @@ def _engine_pod_spec(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        # vLLM drains in-flight requests on SIGTERM; give it time.
-        "terminationGracePeriodSeconds": 60,
+        # The preStop drain, then vLLM's --shutdown-timeout (hpd_runtime.drain), then a margin.
+        "terminationGracePeriodSeconds": drain_grace_seconds(cr.spec.drain_timeout_seconds),
     }
     if rs.node_selector:
         pod_spec["nodeSelector"] = dict(rs.node_selector)
@@ -247,6 +265,8 @@ def _engine_container(
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
+        # A leaving pod stops new work and finishes what it holds before SIGTERM (hpd_runtime.drain).
+        "lifecycle": {"preStop": {"exec": {"command": list(contract.DRAIN_COMMAND)}}},
         # the fabric's capabilities (rdma: IPC_LOCK) are the only ones added; an empty list takes any other back
         "securityContext": container_security_context(
             RUN_AS_USER, capabilities={"drop": ["ALL"], "add": list(rp.capabilities)}
@@ -335,9 +355,11 @@ def build_engine_service(cr: HybridPDDeployment, role: contract.Role, gen: Gener
 
 
 def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generation) -> Manifest | None:
-    """One voluntary disruption at a time per generation, only when the role has >= 2 replicas (with one, a PDB
-    would either block node drains forever or protect nothing)."""
-    if cr.spec.role(role).replicas < 2:
+    """One voluntary disruption at a time per generation, only when the role has (or may autoscale to) >= 2 replicas
+    (with one, a PDB would either block node drains forever or protect nothing)."""
+    rs = cr.spec.role(role)
+    most = rs.autoscaling.max_replicas if rs.autoscaling is not None else rs.replicas
+    if most < 2:
         return None
     return {
         "apiVersion": "policy/v1",

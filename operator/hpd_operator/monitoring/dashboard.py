@@ -262,6 +262,41 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Autoscaling (per role: its own signal, docs/autoscaling.md)",
+        (
+            Panel(
+                "Replicas per role",
+                "short",
+                (
+                    Query(f'sum by (role) (hpd_operator_desired_replicas{{{SEL}, role!="router"}})', "{{role}}"),
+                    Query(f"max by (role) (hpd_operator_autoscaler_at_max{{{SEL}}})", "at max {{role}}"),
+                ),
+                "What each role's autoscaler chose; 'at max' is 1 while a role runs at the most it may (maxReplicas, "
+                "or fewer where spec.ratio bounds it).",
+            ),
+            Panel(
+                "Signal per replica over target",
+                "percentunit",
+                (
+                    Query(
+                        f"max by (role, signal) (hpd_operator_autoscaler_signal_ratio{{{SEL}}})", "{{role}} {{signal}}"
+                    ),
+                ),
+                "Above 100 %: the role wants more replicas; held there at its maximum, HPDAutoscalerAtMaxOverTarget.",
+            ),
+            Panel(
+                "Signals (vLLM, per role)",
+                "short",
+                (
+                    Query(f"sum(vllm:num_requests_waiting{{{PREFILL}}})", "prefill waiting requests"),
+                    Query(f"sum(vllm:kv_cache_usage_perc{{{DECODE}}})", "decode KV cache in use (caches)"),
+                    Query(f"sum(vllm:num_requests_running{{{DECODE}}})", "decode running requests"),
+                ),
+                "The totals each role's HPA divides by its replicas (api/signals.py): the adapter serves them.",
+            ),
+        ),
+    ),
+    (
         "Operator",
         (
             Panel(

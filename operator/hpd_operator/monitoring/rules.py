@@ -257,10 +257,32 @@ LIFECYCLE = (
     ),
 )
 
+ROLE = f"{CR}, role"
+AUTOSCALING = (
+    Alert(
+        name="HPDAutoscalerAtMaxOverTarget",
+        expr=(
+            f"(max by ({ROLE}) (hpd_operator_autoscaler_signal_ratio) > 1.2)"
+            f" and on ({ROLE}) (max by ({ROLE}) (hpd_operator_autoscaler_at_max) == 1)"
+        ),
+        for_="10m",
+        severity="warning",
+        summary="{{ $labels.role }} of {{ $labels.namespace }}/{{ $labels.hybridpddeployment }} runs at its maximum "
+        "and its load is still over target",
+        description="For 10 minutes the role's autoscaler has held it at the most replicas it may run (its "
+        "maxReplicas, or fewer where spec.ratio bounds it to the other role) while its signal stayed over 120 % "
+        "of the target: requests queue (prefill) or the KV cache preempts (decode).",
+        runbook="kubectl get hpd {{ $labels.hybridpddeployment }} -n {{ $labels.namespace }} -o wide: the "
+        "autoscaler column and status.{{ $labels.role }}.autoscaler.reason say whether maxReplicas or the ratio "
+        "holds it; raise spec.{{ $labels.role }}.autoscaling.maxReplicas (GPUs permitting) or the ratio bound.",
+    ),
+)
+
 GROUPS: dict[str, tuple[Alert, ...]] = {
     "hybrid-pd.kv-transfer": KV_TRANSFER,
     "hybrid-pd.router": ROUTER,
     "hybrid-pd.lifecycle": LIFECYCLE,
+    "hybrid-pd.autoscaling": AUTOSCALING,
 }
 
 
