@@ -124,8 +124,11 @@ class Watcher:
     def observe(self) -> Step:
         core, apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)
         sel = f"{contract.LABEL_INSTANCE}={self.name}"
-        pods = core.list_namespaced_pod(self.ns, label_selector=sel).items
+        # Deployments first, then pods: the router Deployment's selectors change only after the operator saw the new
+        # generation Ready, so pods listed afterwards are at least as Ready as what it saw. Listed the other way
+        # round, a switch between the two calls pairs new selectors with older pods (a false "ratio not held").
         deps = apps.list_namespaced_deployment(self.ns, label_selector=sel).items
+        pods = core.list_namespaced_pod(self.ns, label_selector=sel).items
         routers = [
             (f"pod {p.metadata.name}", ready(p) and not p.metadata.deletion_timestamp, selectors(p.spec.containers[0].args))
             for p in pods
