@@ -228,7 +228,10 @@ def test_an_idle_operator_writes_nothing_over_two_safety_resyncs(
         wait_for(settled, T, what="the work queue drained")
         # earlier tests' namespaces are torn down in the background (the namespace controller and the garbage
         # collector delete their objects): the apiserver's count is cluster-wide, so wait for that to end
-        wait_for(lambda: not terminating(api_client), 120, what="no namespace Terminating")
+        try:
+            wait_for(lambda: not terminating(api_client), 300, what="no namespace Terminating")
+        except Exception as e:  # say which namespace and why (its conditions name what blocks its deletion)
+            raise AssertionError(f"{e}: {stuck_namespaces(api_client)}") from e
         own_before = op_metrics(op)
         resyncs_before = own_before["workqueue_adds_total"]
         events_before = ns_events(api_client, ns)
@@ -258,6 +261,18 @@ def test_an_idle_operator_writes_nothing_over_two_safety_resyncs(
 
 def terminating(api: client.ApiClient) -> list[str]:
     return [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items if n.status.phase == "Terminating"]
+
+
+def stuck_namespaces(api: client.ApiClient) -> dict[str, list[str]]:
+    """Terminating namespace -> its True conditions (what blocks its deletion) and what is left in it."""
+    out: dict[str, list[str]] = {}
+    for n in client.CoreV1Api(api).list_namespace().items:
+        if n.status.phase != "Terminating":
+            continue
+        conds = [f"{c.type}: {c.message}" for c in (n.status.conditions or []) if c.status == "True"]
+        pods = client.CoreV1Api(api).list_namespaced_pod(n.metadata.name).items
+        out[n.metadata.name] = conds + [f"pod {p.metadata.name} on {p.spec.node_name}" for p in pods]
+    return out
 
 
 def ns_events(api: client.ApiClient, ns: str) -> dict[str, tuple[int, str]]:
