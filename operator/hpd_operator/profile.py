@@ -22,7 +22,8 @@ from typing import Final
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import role_name
-from hpd_operator.profile_model import EnvEntry, Injection, Profile, RoleProfile
+from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
+from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, Settings
 from hpd_operator.validation import Validated
 from hpd_runtime import contract
 
@@ -33,50 +34,25 @@ KV_ROLES: Final[dict[contract.Role, str]] = {"prefill": "kv_producer", "decode":
 # ---------------------------------------------------------------------------------------------------------------
 # compute_profile
 # ---------------------------------------------------------------------------------------------------------------
-class _Settings:
-    """One role's settings, each written with the reason status.profile shows for it, in one call: `env(...)`
-    returns the env entry, `flag(...)` the argv items, and both record the injection when given a reason.
-    status.profile lists the injections in the order of these calls."""
-
-    def __init__(self) -> None:
-        self.injections: list[Injection] = []
-
-    def env(self, name: str, value: str, why: str | None = None, *, shown: str | None = None) -> EnvEntry:
-        """A literal env entry; `shown`: the value status.profile names instead (the downward API's field)."""
-        self._explain(name, value if shown is None else shown, why)
-        return EnvEntry(name=name, value=value)
-
-    def flag(self, flag: str, value: str | None = None, why: str | None = None) -> list[str]:
-        """`flag` (a switch) or `flag value`."""
-        self._explain(flag, value or "", why)
-        return [flag] if value is None else [flag, value]
-
-    def pod(self, setting: str, value: str, why: str) -> None:
-        """A pod-spec setting the builders write from the role profile (a device, a capability): its reason."""
-        self._explain(setting, value, why)
-
-    def _explain(self, setting: str, value: str, why: str | None) -> None:
-        if why is not None:
-            self.injections.append(Injection(setting=setting, value=value, reason=why))
 
 
 def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     """Each section writes its settings with their reasons; the sections run in the order status.profile lists
     the injections and land in env/args in the order the container gets them (HPD_POD_IP first)."""
-    s, rs = _Settings(), valid.spec.role(role)
+    s, rs = Settings(), valid.spec.role(role)
     side_channel = _side_channel_env(s, valid) + _host_ip_env(s, valid, role)
     layout = _layout_env(s, valid)
     gemm = _gemm_env(s, valid.spec.warmup)
     args = (
-        _core_args(s, valid, role) + _shutdown_args(s, valid) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
+        _core_args(s, valid, role) + shutdown_args(s, valid) + _kv_args(s, valid, role) + _hybrid_args(s, valid, role)
     )
     args += _pair_check_args(s, valid, role) + _user_args(valid, role)
     chunk = _chunk_env(s, valid)
     fabric = _fabric_env(s, valid, role)
     devices, caps = _fabric_pod(s, valid)
     env = side_channel + layout + _ucx_env(valid) + fabric + _runtime_env(valid, role) + chunk
-    env += _warmup_env(valid, role) + _drain_env(valid) + gemm + _user_env(valid) + _pod_env(valid, role)
-    worker_args = _worker_args(s, valid, role)
+    env += _warmup_env(valid, role) + drain_env(valid) + gemm + _user_env(valid) + _pod_env(valid, role)
+    workers = worker_args(s, valid, role)
     return RoleProfile(
         role=role,
         tensor_parallel_size=rs.tensor_parallel_size,
@@ -88,12 +64,12 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
         capabilities=caps,
         nodes=rs.nodes_per_replica,
         gpus_per_pod=rs.gpus_per_pod,
-        worker_args=worker_args,
+        worker_args=workers,
     )
 
 
 # --- env ----------------------------------------------------------------------------------------------------------
-def _side_channel_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+def _side_channel_env(s: Settings, valid: Validated) -> list[EnvEntry]:
     row, port = valid.row, str(valid.spec.kv_transfer.side_channel_port)
     host_reason = "NIXL side channel binds and advertises this address: the pod IP (not 0.0.0.0, not localhost)"
     if row.side_channel_host_in_compile_key:
@@ -108,7 +84,7 @@ def _side_channel_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
     ]
 
 
-def _host_ip_env(s: _Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _host_ip_env(s: Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """A replica that spans nodes: the address vLLM's ranks advertise to each other is the pod IP, unless spec.env
     names another (a second network for the ranks' traffic)."""
     if not valid.spec.role(role).multi_node or any(e.name == contract.ENV_VLLM_HOST_IP for e in valid.spec.env):
@@ -120,7 +96,7 @@ def _host_ip_env(s: _Settings, valid: Validated, role: contract.Role) -> list[En
     return [s.env(contract.ENV_VLLM_HOST_IP, f"$({contract.ENV_POD_IP})", why, shown="status.podIP")]
 
 
-def _layout_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+def _layout_env(s: Settings, valid: Validated) -> list[EnvEntry]:
     if not valid.model.hybrid:
         return []
     why = f"NIXL asserts the DS conv-state layout for Mamba models [{valid.row.cite('ds-conv-state-layout')}]"
@@ -134,7 +110,7 @@ def _ucx_env(valid: Validated) -> list[EnvEntry]:
     return [EnvEntry(name=n, value=v) for n, v in (("UCX_TLS", ucx.tls), ("UCX_NET_DEVICES", ucx.net_devices)) if v]
 
 
-def _fabric_env(s: _Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _fabric_env(s: Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """The KV path: UCX's GET zero-copy over CUDA IPC, and what decode's runtime reports the measured rate against."""
     kv = valid.spec.kv_transfer
     env = [EnvEntry(name=contract.ENV_KV_FABRIC, value=kv.fabric)]
@@ -151,7 +127,7 @@ def _fabric_env(s: _Settings, valid: Validated, role: contract.Role) -> list[Env
     return env
 
 
-def _fabric_pod(s: _Settings, valid: Validated) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+def _fabric_pod(s: Settings, valid: Validated) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
     """Devices and capabilities of the declared fabric (rdma: the device plugin's resource, IPC_LOCK)."""
     rdma = valid.spec.kv_transfer.rdma
     if valid.spec.kv_transfer.fabric != "rdma" or rdma is None:
@@ -186,32 +162,7 @@ def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
     return env
 
 
-def drain_grace_seconds(drain_timeout_seconds: int) -> int:
-    """terminationGracePeriodSeconds of an engine pod: the preStop's propagation wait and drain, then vLLM's own
-    --shutdown-timeout after SIGTERM, and a margin for the process to exit."""
-    return contract.DRAIN_PROPAGATION_SECONDS_DEFAULT + 2 * drain_timeout_seconds + 10
-
-
-def _shutdown_args(s: _Settings, valid: Validated) -> list[str]:
-    seconds = valid.spec.drain_timeout_seconds
-    if seconds == 0:
-        return []
-    why = (
-        "spec.drainTimeoutSeconds: on SIGTERM vLLM finishes in-flight requests for up to this long (its default 0 "
-        "aborts them: a scale-down or rollout would fail every request the pod was serving)"
-    )
-    return s.flag("--shutdown-timeout", str(seconds), why)
-
-
-def _drain_env(valid: Validated) -> list[EnvEntry]:
-    """What the preStop (`hpd_runtime drain`) reads."""
-    return [
-        EnvEntry(name=contract.ENV_DRAIN_TIMEOUT_SECONDS, value=str(valid.spec.drain_timeout_seconds)),
-        EnvEntry(name=contract.ENV_DRAIN_PROPAGATION_SECONDS, value=str(contract.DRAIN_PROPAGATION_SECONDS_DEFAULT)),
-    ]
-
-
-def _chunk_env(s: _Settings, valid: Validated) -> list[EnvEntry]:
+def _chunk_env(s: Settings, valid: Validated) -> list[EnvEntry]:
     chunk, row = valid.model.ssd_chunk_size, valid.row
     if chunk is None:
         return []
@@ -239,7 +190,7 @@ def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
     ]
 
 
-def _gemm_env(s: _Settings, warmup: WarmupSpec) -> list[EnvEntry]:
+def _gemm_env(s: Settings, warmup: WarmupSpec) -> list[EnvEntry]:
     seconds = gemm_warmup_seconds(warmup)
     if not seconds:
         return []
@@ -283,11 +234,11 @@ def _pod_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
 
 
 # --- args ---------------------------------------------------------------------------------------------------------
-def _core_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _core_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
     spec, rs = valid.spec, valid.spec.role(role)
     args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(contract.VLLM_PORT)]
     args += ["--tensor-parallel-size", str(rs.tensor_parallel_size)]
-    args += _parallel_args(s, valid, role)
+    args += parallel_args(s, valid, role)
     if spec.block_size is not None:
         args += s.flag(
             "--block-size",
@@ -304,49 +255,7 @@ def _core_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]
     return args
 
 
-def _parallel_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
-    """Pipeline stages, and vLLM's own multi-node launch for a replica that spans nodes (every pod of the group gets
-    the same args; the kubelet fills in what LeaderWorkerSet's webhook put into the env: the node rank and the
-    leader's address)."""
-    rs, row = valid.spec.role(role), valid.row
-    args: list[str] = []
-    if rs.pipeline_parallel_size > 1:
-        why = f"spec.{role}.pipelineParallelSize: {rs.gpus_per_replica} GPUs per replica (TP x PP)"
-        args += s.flag("--pipeline-parallel-size", str(rs.pipeline_parallel_size), why)
-    if not rs.multi_node:
-        return args
-    mp = f"[{row.cite('multi-node-mp')}]"
-    nodes = f"{rs.gpus_per_replica} GPUs per replica over {rs.nodes_per_replica} nodes of spec.{role}.gpusPerNode"
-    args += s.flag(
-        "--distributed-executor-backend", "mp", f"vLLM's multiprocessing executor spans the nodes, no Ray {mp}"
-    )
-    args += s.flag("--nnodes", str(rs.nodes_per_replica), f"{nodes} ({rs.gpus_per_pod} ranks on each pod)")
-    args += s.flag(
-        "--node-rank",
-        f"$({contract.ENV_LWS_WORKER_INDEX})",
-        "each pod's index in its LeaderWorkerSet group (0 = leader)",
-    )
-    args += s.flag(
-        "--master-addr",
-        f"$({contract.ENV_LWS_LEADER_ADDRESS})",
-        "the group leader's DNS name (LeaderWorkerSet's per-group headless Service): torch.distributed's rendezvous",
-    )
-    return args + s.flag(
-        "--master-port", str(contract.MASTER_PORT), "torch.distributed's rendezvous port on the leader"
-    )
-
-
-def _worker_args(s: _Settings, valid: Validated, role: contract.Role) -> tuple[str, ...]:
-    if not valid.spec.role(role).multi_node:
-        return ()
-    why = (
-        "on the workers of a group only: vLLM runs the ranks of its node without an API server (the leader serves, "
-        f"warms up, runs the pair check and joins the router) [{valid.row.cite('multi-node-mp')}]"
-    )
-    return tuple(s.flag("--headless", why=why))
-
-
-def _kv_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _kv_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
     row, policy = valid.row, valid.spec.kv_transfer.load_failure_policy
     kv: dict[str, str] = {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLES[role]}
     if policy != "fail":
@@ -356,7 +265,7 @@ def _kv_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
     return s.flag("--kv-transfer-config", json.dumps(kv, separators=(",", ":")), why)
 
 
-def _hybrid_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _hybrid_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
     if not valid.model.hybrid:
         return []
     row, tp = valid.row, valid.spec.role(role).tensor_parallel_size
@@ -381,7 +290,7 @@ def _hybrid_args(s: _Settings, valid: Validated, role: contract.Role) -> list[st
     return args
 
 
-def _pair_check_args(s: _Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _pair_check_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
     warmup = valid.spec.warmup
     if not (role == "decode" and warmup.enabled and warmup.pair_check):
         return []

@@ -105,3 +105,30 @@ class Profile(_Frozen):
             warnings=list(self.warnings),
         )
         return ps.model_dump(by_alias=True, exclude_none=True)
+
+
+class Settings:
+    """One role's settings, each written with the reason status.profile shows for it, in one call: `env(...)`
+    returns the env entry, `flag(...)` the argv items, and both record the injection when given a reason.
+    status.profile lists the injections in the order of these calls."""
+
+    def __init__(self) -> None:
+        self.injections: list[Injection] = []
+
+    def env(self, name: str, value: str, why: str | None = None, *, shown: str | None = None) -> EnvEntry:
+        """A literal env entry; `shown`: the value status.profile names instead (the downward API's field)."""
+        self._explain(name, value if shown is None else shown, why)
+        return EnvEntry(name=name, value=value)
+
+    def flag(self, flag: str, value: str | None = None, why: str | None = None) -> list[str]:
+        """`flag` (a switch) or `flag value`."""
+        self._explain(flag, value or "", why)
+        return [flag] if value is None else [flag, value]
+
+    def pod(self, setting: str, value: str, why: str) -> None:
+        """A pod-spec setting the builders write from the role profile (a device, a capability): its reason."""
+        self._explain(setting, value, why)
+
+    def _explain(self, setting: str, value: str, why: str | None) -> None:
+        if why is not None:
+            self.injections.append(Injection(setting=setting, value=value, reason=why))

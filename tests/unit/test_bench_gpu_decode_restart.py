@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hpd_operator.profile import drain_grace_seconds
+from hpd_operator.profile_launch import drain_grace_seconds
 from hpd_runtime import contract
 
 REPO = Path(__file__).resolve().parents[2]

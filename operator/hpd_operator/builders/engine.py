@@ -22,7 +22,8 @@ from hpd_operator.builders.common import (
     metadata,
 )
 from hpd_operator.generations import Generation, hash_templates
-from hpd_operator.profile import drain_grace_seconds, gemm_warmup_seconds
+from hpd_operator.profile import gemm_warmup_seconds
+from hpd_operator.profile_launch import drain_grace_seconds
 from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
