@@ -204,6 +204,12 @@ def test_each_role_follows_its_own_signal_within_the_ratio_and_the_operator_neve
 
         # decode's KV cache fills: 2.5 caches in use over a target of 0.7 -> 4 decode. The operator stops right
         # away: the HPA scales on its own within the bounds it has; the restarted operator changes nothing.
+        # The operator's last bounds before it stops must let decode grow: computed from a moment when prefill's
+        # HPA read a one-scrape dip (the stand-in re-spreads a role's load as a pod joins) they say "both roles may
+        # only shrink now" and stay so while the operator is down (a recorded limit: docs/autoscaling.md)
+        decode = _engine(api_client, ns, name, "decode").metadata.name
+        wait_for(lambda: (h := _hpas(api_client, ns, name).get(decode)) is not None and h.spec.max_replicas >= 4,
+                 60, what="decode's HPA allowed to reach 4 at 3 prefill")  # fmt: skip
         t1 = time.monotonic()
         stack.set_load(ns, name, "decode", kvCacheUsage=2.5)
         operator.stop()

@@ -320,6 +320,8 @@ def test_a_new_generation_of_a_multi_node_role_takes_traffic_only_once_its_group
     add(3)  # room for the new generation beside the old one
     got = wait_cr(api_client, ns, name, lambda c: settled_on(c, new), "traffic on the new generation", timeout=120)
     wait_for(lambda: group_names(api_client, ns) == [f"{name}-decode-{new}"], T, what="the old LeaderWorkerSet pruned")
+    # its pods go after it (the garbage collector, then their grace period: the preStop drain's)
+    wait_for(lambda: len(pods(api_client, ns, name, "decode")) == 2, T, what="the old group's pods gone")
     decode = pods(api_client, ns, name, "decode")
     assert len(decode) == 2 and all(p.metadata.labels[contract.LABEL_GENERATION] == new for p in decode)
     assert all(arg(list(p.spec.containers[0].args), "--max-num-seqs") == "64" for p in decode)
