@@ -81,6 +81,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -393,6 +394,13 @@ def wait_kv_allocated(role: Role, deadline: float) -> None:
 
 def readyz_url(role: Role) -> str:
     return f"http://{role.host}:{PORTS[role.name]['runtime']}{contract.PATH_READYZ}"
+
+
+def record_readyz(hist: list[tuple[float, int, str]], now: Callable[[], float], role: Role) -> None:
+    """Poll one pod's /readyz and append (now(), status, body) to `hist` when it differs from the last entry."""
+    status, body = get(readyz_url(role), 1.5)
+    if not hist or hist[-1][1] != status or hist[-1][2] != body.strip()[:200]:
+        hist.append((now(), status, body.strip()[:200]))
 
 
 def poll_times(role: Role) -> bool:
@@ -769,10 +777,7 @@ class Timeline:
     def _poll(self) -> None:
         while not self.stop.wait(0.5):
             for n in self.roles:
-                status, body = get(readyz_url(self.roles[n]), 1.5)
-                hist = self.readyz[n]
-                if not hist or hist[-1][1] != status or hist[-1][2] != body.strip()[:200]:
-                    hist.append((self.now(), status, body.strip()[:200]))
+                record_readyz(self.readyz[n], self.now, self.roles[n])
 
     def start(self) -> None:
         for t in self.threads:
@@ -1031,10 +1036,7 @@ class Traffic:
             with self.lock:
                 watched = list(self.watched.items())
             for n, role in watched:
-                status, body = get(readyz_url(role), 1.5)
-                hist = self.readyz[n]
-                if not hist or hist[-1][1] != status or hist[-1][2] != body.strip()[:200]:
-                    hist.append((self.now(), status, body.strip()[:200]))
+                record_readyz(self.readyz[n], self.now, role)
 
     def start(self) -> None:
         for t in self.threads:
