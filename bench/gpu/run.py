@@ -1099,6 +1099,8 @@ def load_phase(traffic: Traffic, name: str, decode: Role, seconds: float, then: 
     percentiles, and the same split by whether a request overlapped one of the decode's canary round trips (its
     `canary` log events: end time and duration); the canary's counter before and after."""
     before = canary_counts(decode)
+    assert decode.log is not None
+    offset = decode.log.stat().st_size
     w0 = time.time()
     traffic.set_phase(name, LOAD_CONCURRENCY)
     time.sleep(seconds)
@@ -1116,7 +1118,9 @@ def load_phase(traffic: Traffic, name: str, decode: Role, seconds: float, then: 
             "not_overlapping": summarize([r for r, h in zip(reqs, hit, strict=True) if not h]),
             "canary_checks_before": before, "canary_checks_after": after,
             "canary_events_in_phase": [e for e in events if e["ts"] and w0 <= e["ts"] <= w1 + 1],
-            "canary_events_total": len(events)}  # fmt: skip
+            "canary_events_total": len(events),
+            "jit_lines_in_phase": [ln[:300] for ln in log_text(decode, offset).splitlines() if JIT_LINE in ln][:20],
+            "autotune_lines_in_phase": log_text(decode, offset).count(AUTOTUNE_LINE)}  # fmt: skip
 
 
 def role_times(role: Role) -> dict[str, float]:
@@ -1364,6 +1368,11 @@ def run_step(
                                                   for n, r in roles.items()}  # fmt: skip
             res["jit_monitor_lines_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(JIT_LINE)
                                                     for n, r in roles.items()}  # fmt: skip
+            res["jit_monitor_lines_before_ready"] = {n: log_text(r)[: r.log_offset_at_ready].count(JIT_LINE)
+                                                     for n, r in roles.items()}  # fmt: skip
+            res["jit_monitor_samples_after_ready"] = {n: [ln[:300] for ln in log_text(r, r.log_offset_at_ready)
+                                                          .splitlines() if JIT_LINE in ln][:10]
+                                                      for n, r in roles.items()}  # fmt: skip
             res["gemm_warmup_log"] = {n: [ln.strip() for ln in log_text(r).splitlines() if GEMM_WARMUP_LINE in ln][-4:]
                                       for n, r in roles.items()}  # fmt: skip
             if decode_steps:  # no fresh-router measurement: the decode steps' traffic starts on this router

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -330,3 +331,41 @@ def test_a_running_monitor_fires_the_canary_on_its_own_period(start_fake: Callab
     finally:
         wu.stop.set()
         thread.join(10)
+
+
+def pd_arrivals(decode: Fake) -> list[float]:
+    """When decode received each P->D request (one carrying prefill's kv_transfer_params), in order."""
+    return sorted(
+        r["t"] for r in decode.requests() if r["path"] == "/v1/completions" and r["body"].get("kv_transfer_params")
+    )
+
+
+@pytest.mark.parametrize("width", [4, 1])
+def test_the_last_round_of_the_start_up_pair_check_runs_its_prompts_together(
+    start_fake: Callable[..., Fake], width: int
+) -> None:
+    """#31: the first canary on a decode under load stalled ~2 s on the H200 (0.20) when decode first met concurrent
+    P->D reads and a long local prefill beside running P->D decodes after Ready. The start-up check's last round now
+    sends its prompts `HPD_PAIR_CHECK_CONCURRENCY` at a time (4 by default), so decode meets both before Ready; 1 keeps
+    every prompt after the previous one. The canary stays one prompt at a time."""
+    delay = 0.3
+    prefill = start_fake()
+    decode = start_fake("--enable-prompt-tokens-details", "--completion-delay", str(delay))
+    cfg = decode_cfg(decode, **{c.ENV_PAIR_CHECK_CONCURRENCY: str(width), c.ENV_CANARY_SECONDS: "0.1"})
+    wu, state = warm(cfg, Peers(prefill))
+    assert evaluate_readiness(state, cfg)[0]
+    n = len(pc.pair_lengths(wu.monitor.checker.limit if wu.monitor else 0))
+    t = pd_arrivals(decode)
+    assert len(t) == pc.PAIR_ROUNDS * n, t
+    first, last = t[:n], t[-n:]
+    gaps_first = [b - a for a, b in itertools.pairwise(first)]
+    assert min(gaps_first) >= 2 * delay * 0.9, gaps_first  # P->D, then the local answer, then the next prompt
+    if width > 1:
+        assert max(last) - min(last) < delay, last  # all in flight before the first one was answered
+    else:
+        assert min(b - a for a, b in itertools.pairwise(last)) >= 2 * delay * 0.9, last
+    assert wu.monitor is not None
+    time.sleep(0.15)
+    wu.monitor.step()  # the canary: its prompts one after another
+    canary = pd_arrivals(decode)[len(t) :]
+    assert len(canary) == c.CANARY_LENGTHS and canary[1] - canary[0] >= 2 * delay * 0.9, canary

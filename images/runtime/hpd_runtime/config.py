@@ -42,6 +42,7 @@ class RuntimeConfig:
     prefill_port: int
     prefill_runtime_port: int
     pair_recheck_seconds: float
+    pair_check_concurrency: int
     pair_max_logprob_delta: float
     pair_restart_on_break: bool
     canary_seconds: float
@@ -194,6 +195,7 @@ def load_config(env: Mapping[str, str], vllm_args: Sequence[str] = ()) -> Runtim
         prefill_port=_req_int(env, c.ENV_PREFILL_PORT, c.VLLM_PORT, 1),
         prefill_runtime_port=_req_int(env, c.ENV_PREFILL_RUNTIME_PORT, c.RUNTIME_PORT, 1),
         pair_recheck_seconds=_float(env, c.ENV_PAIR_RECHECK_SECONDS, c.PAIR_RECHECK_SECONDS_DEFAULT),
+        pair_check_concurrency=_req_int(env, c.ENV_PAIR_CHECK_CONCURRENCY, c.PAIR_CHECK_CONCURRENCY_DEFAULT, 1),
         pair_max_logprob_delta=_float(env, c.ENV_PAIR_MAX_LOGPROB_DELTA, c.PAIR_MAX_LOGPROB_DELTA_DEFAULT),
         pair_restart_on_break=c.env_flag(env.get(c.ENV_PAIR_RESTART_ON_BREAK), default=True),
         canary_seconds=_float(env, c.ENV_CANARY_SECONDS, c.CANARY_SECONDS_DEFAULT, minimum=0.0),

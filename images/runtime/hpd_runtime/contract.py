@@ -127,6 +127,9 @@ ENV_PREFILL_RUNTIME_PORT: Final = "HPD_PREFILL_RUNTIME_PORT"
 """Runtime port on the prefill pods (GET /identity); default RUNTIME_PORT (the operator need not set it)."""
 ENV_PAIR_RECHECK_SECONDS: Final = "HPD_PAIR_RECHECK_SECONDS"
 """Decode: how often the prefill peers are polled for a change (new address or boot id); default 10."""
+ENV_PAIR_CHECK_CONCURRENCY: Final = "HPD_PAIR_CHECK_CONCURRENCY"
+"""Decode: how many prompts of the start-up pair check's last round run at once (default
+PAIR_CHECK_CONCURRENCY_DEFAULT; 1 = every prompt one after another, as before 2026-12-02)."""
 ENV_PAIR_MAX_LOGPROB_DELTA: Final = "HPD_PAIR_MAX_LOGPROB_DELTA"
 """Decode: the largest |top-1 logprob| difference P->D vs local that the pair check accepts (nats); default 0.5."""
 ENV_PAIR_RESTART_ON_BREAK: Final = "HPD_PAIR_RESTART_ON_BREAK"
@@ -185,6 +188,10 @@ GEMM_WARMUP_SECONDS_DEFAULT: Final = 300
 WARMUP_MAX_TOKENS_DEFAULT: Final = 4
 PAIR_RECHECK_SECONDS_DEFAULT: Final = 10.0
 CANARY_SECONDS_DEFAULT: Final = 300.0
+PAIR_CHECK_CONCURRENCY_DEFAULT: Final = 4
+"""The start-up pair check's last round sends its prompts 4 at a time, so decode has served concurrent P->D reads
+and local prefills mixed with running P->D decodes before Ready (the first canary under load stalled ~2 s on
+0.20 when both were first seen after Ready: bench/gpu/README.md)."""
 CANARY_LENGTHS: Final = 2
 """Prompts per canary round trip (the shortest and the longest of the pair check's lengths)."""
 PAIR_MAX_LOGPROB_DELTA_DEFAULT: Final = 0.5

@@ -1,7 +1,9 @@
 """Decode side of the pair: the output-verified pair check (I/O around `paircheck`) and the monitor that makes
 decode follow its prefill peers.
 
-Pair check, per prefill peer and prompt (`paircheck.pair_lengths`, PAIR_ROUNDS rounds of fresh prompts):
+Pair check, per prefill peer and prompt (`paircheck.pair_lengths`, PAIR_ROUNDS rounds of fresh prompts; the first
+rounds one prompt at a time, the last `pair_check_concurrency` at a time, so that decode has met concurrent NIXL reads
+and long local prefills beside running P->D decodes before it turns Ready; a canary is one sequential round):
 1. prefill gets the prompt with `kv_transfer_params={do_remote_decode: true, ...}`, `max_tokens=1`;
 2. this decode gets the same prompt with the kv_transfer_params prefill returned, greedy, `logprobs=1`,
    `return_token_ids`, PAIR_MAX_TOKENS tokens (a real P->D request, as the router sends it);
@@ -39,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hpd_runtime import contract as c
@@ -174,8 +177,17 @@ class PairChecker:
         verdicts: list[pc.Verdict] = []
         t0 = time.monotonic()
         before = kvstats.read(self.cfg.vllm_host, self.cfg.vllm_port)
-        for i, (rnd, n) in enumerate(self.lengths(canary)):
-            verdicts.append(self.one(url, pair_prompt(n, seed=7919 * (rnd + 1) + i + int(time.time()) % 1000)))
+        salt = int(time.time()) % 1000
+        plan = [
+            (rnd, pair_prompt(n, seed=7919 * (rnd + 1) + i + salt)) for i, (rnd, n) in enumerate(self.lengths(canary))
+        ]
+        width = 1 if canary else self.cfg.pair_check_concurrency
+        alone = [p for rnd, p in plan if width <= 1 or rnd < pc.PAIR_ROUNDS - 1]
+        together = [p for rnd, p in plan if width > 1 and rnd == pc.PAIR_ROUNDS - 1]
+        verdicts.extend(self.one(url, p) for p in alone)
+        if together:  # concurrent P->D reads, local prefills beside running P->D decodes: all seen before Ready
+            with ThreadPoolExecutor(width, thread_name_prefix="hpd-pair") as pool:
+                verdicts.extend(pool.map(lambda p: self.one(url, p), together))
         kv = kvstats.span(before, kvstats.read(self.cfg.vllm_host, self.cfg.vllm_port))
         ok = all(v.ok for v in verdicts)
         summary = pc.summarize(verdicts, f"{host}:{port}")
