@@ -1091,6 +1091,7 @@ def log_scan(role: Role, since: int) -> dict[str, Any]:
     errors = [ln[:300] for ln in lines if ERROR_PATTERN.search(ln)]
     nixl = [ln[:300] for ln in lines if NIXL_PATTERN.search(ln) and KV_XFER_LINE not in ln]
     return {"errors": len(errors), "nixl_lines": len(nixl), "expired_kv_block_warnings": sum(EXPIRED_KV in ln for ln in lines),
+            "autotune_events": sum(AUTOTUNE_LINE in ln for ln in lines), "jit_monitor_lines": sum(JIT_LINE in ln for ln in lines),
             "error_lines": errors[:30], "nixl_line_samples": nixl[:30]}  # fmt: skip
 
 
@@ -1238,7 +1239,8 @@ def decode_summary(res: dict[str, Any]) -> dict[str, Any]:
     """The few figures of decode_lifecycle's result a reader needs first (printed by main and gpu-burst.sh)."""
     out: dict[str, Any] = {"by_phase": {p: {"outcomes": s["outcomes"], "p50_s": (s.get("latency_s") or {}).get("p50")}
                                         for p, s in res["traffic"]["by_phase"].items()}}  # fmt: skip
-    out["prefill_log"] = {k: res["prefill_log"][k] for k in ("errors", "nixl_lines", "expired_kv_block_warnings")}
+    out["prefill_log"] = {k: res["prefill_log"][k] for k in ("errors", "nixl_lines", "expired_kv_block_warnings",
+                                                             "autotune_events", "jit_monitor_lines")}  # fmt: skip
     for key in ("restart_decode", "replace_decode"):
         r = res.get(key) or {}
         out[key] = {k: r.get(k) for k in ("exit_code", "exit_s", "t_sigterm", "t_gone", "t_ready", "times",

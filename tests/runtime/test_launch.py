@@ -105,7 +105,9 @@ def test_readyz_stays_503_until_the_warmup_finished(launch: Any) -> None:
     cfg = load_config(ln.env, ln.args)
     plan = plan_warmup(cfg)
     # the first 200 came only after every warmup request had been answered
-    assert len(ln.fake_requests()) == len(plan.sequential) + len(plan.concurrent) + len(plan.shapes) + len(plan.batch)
+    assert len(ln.fake_requests()) == len(plan.sequential) + len(plan.concurrent) + len(plan.shapes) + len(
+        plan.batch
+    ) + len(plan.split)
     assert ln.events("warmup_finished")
     assert 503 in seen
     assert ln.status(c.PATH_LIVEZ) == 200

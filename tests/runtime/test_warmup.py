@@ -63,6 +63,31 @@ def test_plan_never_exceeds_max_model_len_and_ids_stay_in_the_safe_range() -> No
     assert all(w.TOKEN_ID_MIN <= t <= w.TOKEN_ID_MAX for p in prompts for t in p.tokens)
 
 
+@pytest.mark.parametrize(
+    ("max_model_len", "budget_args", "budget"),
+    [
+        # the H200 run: maxModelLen 4096, no --max-num-batched-tokens (vLLM chose 8192): nothing split a prompt, and
+        # the first concurrent long prompts after Ready autotuned the initial-states SSD kernels on prefill for 30 s
+        ("4096", [], w.SPLIT_BUDGET_DEFAULT),
+        ("9216", ["--max-num-batched-tokens", "8192"], 8192),
+        ("131072", ["--max-num-batched-tokens=2048"], 2048),
+        ("300", [], w.SPLIT_BUDGET_DEFAULT),
+    ],
+)
+def test_the_split_step_sends_more_tokens_at_once_than_a_step_holds(
+    max_model_len: str, budget_args: list[str], budget: int
+) -> None:
+    """Whatever the budget, the `split` prompts sent together exceed it even without their first one (which the
+    scheduler may take alone): some prompt is split and its next chunk runs the SSD kernels with initial states."""
+    cfg = load_config({c.ENV_MAX_MODEL_LEN: max_model_len}, ["m", *budget_args])
+    plan = plan_warmup(cfg)
+    lengths = [len(p.tokens) for p in plan.split]
+    assert lengths and all(p.kind == "split" and not p.sampling for p in plan.split)
+    assert all(n + plan.split[0].max_tokens < int(max_model_len) for n in lengths)  # every prompt fits the model
+    assert sum(lengths[1:]) > budget, (lengths, budget)
+    assert sum(lengths) <= budget + 3 * max(lengths), "no more prefill than the split needs"
+
+
 def test_plan_is_deterministic() -> None:
     cfg = load_config({c.ENV_MAX_MODEL_LEN: "4096"})
     assert plan_warmup(cfg) == plan_warmup(cfg)
@@ -85,7 +110,7 @@ def test_plan_asks_for_logprobs_and_random_sampling_once_each() -> None:
     sampled = bodies["sampled"]
     assert sampled["temperature"] > 0 and 0 < sampled["top_p"] < 1 and sampled["top_k"] > 1 and "seed" in sampled
     assert sampled["logprobs"] == 1
-    every = (*plan.sequential, *plan.concurrent, *plan.shapes, *plan.batch)
+    every = (*plan.sequential, *plan.concurrent, *plan.shapes, *plan.batch, *plan.split)
     others = [p for p in every if p.kind not in ("logprobs", "sampled")]
     assert all(not p.sampling for p in others)
 
@@ -107,7 +132,9 @@ def test_warmup_sends_the_plan_and_marks_warm(start_fake: Callable[..., Fake]) -
     assert ok and state.warm.is_set()
     plan = plan_warmup(cfg)
     got = fake.requests()
-    assert len(got) == len(plan.sequential) + len(plan.concurrent) + len(plan.shapes) + len(plan.batch)
+    assert len(got) == len(plan.sequential) + len(plan.concurrent) + len(plan.shapes) + len(plan.batch) + len(
+        plan.split
+    )
     assert [r["body"]["prompt"] for r in got[: len(plan.sequential)]] == [list(p.tokens) for p in plan.sequential]
     assert all(r["body"]["model"] == "fake-model" and r["body"]["stream"] is False for r in got)
     assert all(r["request_id"] and r["request_id"].startswith("hpd-warmup-") for r in got)

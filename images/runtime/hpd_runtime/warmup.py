@@ -13,20 +13,27 @@ What is sent, after vLLM `/health` answers 200 (all `/v1/completions`, token-id 
    on vLLM 0.20 (issue #12) and the token count's length classes (1 / multiple of 16 / other) are compiled
    separately by Triton, so every class and octave is paid for here (bench/gpu/README.md has the measurement);
 5. `batch`: BATCH_CLASS_SIZE (16) short prompts at once, the "multiple of 16" decode batch class;
-6. `sampler`: two short prompts that ask for what user requests ask for and the other steps do not: `logprobs`
+6. `split`: prompts of min(limit, budget) tokens, budget // that + 2 of them at once, budget being
+   `--max-num-batched-tokens` or, unset, SPLIT_BUDGET_DEFAULT (above vLLM's own defaults: 8192 on the H200 for 0.20
+   and 0.25.1). Their tokens exceed one step's budget, so the scheduler splits a prompt and its next chunk runs the
+   SSD kernels with initial states (`_state_passing_fwd_kernel`, `_chunk_scan_fwd_kernel`: other Triton keys,
+   autotuned on first use). Step 1's `long` prompt covers that only when it can be longer than the budget; on the
+   H200 with vLLM 0.20, maxModelLen 4096 and the default budget 8192 it could not, and the first batch of
+   concurrent long prompts after Ready autotuned both kernels on prefill for 30 s (bench/gpu/README.md);
+7. `sampler`: two short prompts that ask for what user requests ask for and the other steps do not: `logprobs`
    (greedy, `logprobs=1`: vLLM's sampler ranks the sampled token with a torch.compile'd function,
    `batched_count_greater_than`, compiled by Inductor in the first request that asks for logprobs; vllm-router
    forwards a client's `logprobs` to prefill too, and on the H200 that first request through the router cost
    0.5-0.7 s with warm caches and about 2 s cold while every later one took 0.08 s, issue #12/#16) and `sampled`
    (temperature, top-p, top-k and a seed: the random-sampling path, FlashInfer's sampling kernels where the image
    has them);
-7. decode with pair check only: the output-verified pair check (`hpd_runtime.pairing`) against every Ready
+8. decode with pair check only: the output-verified pair check (`hpd_runtime.pairing`) against every Ready
    prefill pod behind the prefill headless Service (it publishes only Ready endpoints): P->D answers compared with
    local answers by top-1 logprobs (`hpd_runtime.paircheck`). A mismatch is a verdict, not an error: the pod
    stays not ready with "P->D output differs from local ..." as the reason; the pair monitor then keeps
    re-checking, and re-checks whenever the prefill peers change (decode follows prefill).
 
-HPD_WARMUP_PROMPT_LENGTHS replaces the lengths of step 1 (`custom`); steps 2-6 still run.
+HPD_WARMUP_PROMPT_LENGTHS replaces the lengths of step 1 (`custom`); steps 2-7 still run.
 
 Token ids are drawn from a seeded RNG in [3, 1000]: the vocabulary is unknown here, ids 0-2 are often special
 (pad/bos/eos) and every real tokenizer has more than 1000 ids. Prompts are never longer than
@@ -104,6 +111,8 @@ class WarmupPlan:
     """One prompt per length of `shape_lengths`: every length class up to the prompt limit."""
     batch: tuple[WarmupPrompt, ...] = ()
     """BATCH_CLASS_SIZE short prompts at once: a decode batch that is a multiple of 16."""
+    split: tuple[WarmupPrompt, ...] = ()
+    """Prompts at once whose tokens exceed one scheduler step's budget: a prompt split over two steps."""
 
 
 class WarmupError(Exception):
@@ -127,6 +136,18 @@ def prompt_limit(cfg: RuntimeConfig) -> int:
 
 SHAPE_MIN = 16
 BATCH_CLASS_SIZE = 16
+SPLIT_BUDGET_DEFAULT = 16384
+"""The step budget the `split` step exceeds when `--max-num-batched-tokens` is not set: vLLM's defaults are 2048,
+8192 (its OpenAI server on large GPUs: measured 8192 on the H200 with 0.20 and 0.25.1) or 16384."""
+
+
+def split_lengths(limit: int, budget: int | None) -> tuple[int, ...]:
+    """Prompt lengths sent at once so that their tokens exceed one step's budget by more than a prompt (even when the
+    first one is scheduled alone, the rest still exceed a step): a prompt is split and continues with initial
+    states."""
+    step = budget if budget is not None else SPLIT_BUDGET_DEFAULT
+    n = max(1, min(limit, step))
+    return (n,) * (step // n + 2)
 
 
 def shape_lengths(limit: int) -> tuple[int, ...]:
@@ -187,7 +208,11 @@ def plan_warmup(cfg: RuntimeConfig) -> WarmupPlan:
         WarmupPrompt("batch", prompt_tokens(clamp(SHORT_LENGTH + 3 * i), seed=300 + i), n_out)
         for i in range(BATCH_CLASS_SIZE)
     )
-    return WarmupPlan(tuple(sequential), concurrent, cfg.warmup_pair_check, shapes, batch)
+    split = tuple(
+        WarmupPrompt("split", prompt_tokens(n, seed=400 + i), n_out)
+        for i, n in enumerate(split_lengths(limit, cfg.max_num_batched_tokens))
+    )
+    return WarmupPlan(tuple(sequential), concurrent, cfg.warmup_pair_check, shapes, batch, split)
 
 
 def completion_body(cfg: RuntimeConfig, prompt: WarmupPrompt, **overrides: Any) -> dict[str, Any]:
@@ -316,6 +341,7 @@ class Warmup:
         for prompt in plan.shapes:
             self._local(prompt)
         self._at_once(plan.batch)
+        self._at_once(plan.split)
 
     def pair_check(self) -> str:
         """The output-verified pair check against every Ready prefill peer; returns the peers checked.
@@ -380,6 +406,7 @@ class Warmup:
             concurrent=len(plan.concurrent),
             shape_lengths=[len(p.tokens) for p in plan.shapes],
             batch=len(plan.batch),
+            split=[len(p.tokens) for p in plan.split],
             pair_check=plan.pair,
         )
         self.state.set_phase("warming", "sending warmup requests")
@@ -446,4 +473,4 @@ def start_warmup_thread(
 
 def describe_plan(plan: WarmupPlan) -> Sequence[tuple[str, int]]:
     """(kind, prompt length) of every request in the plan, for logs and tests."""
-    return [(p.kind, len(p.tokens)) for p in plan.sequential + plan.concurrent + plan.shapes + plan.batch]
+    return [(p.kind, len(p.tokens)) for p in plan.sequential + plan.concurrent + plan.shapes + plan.batch + plan.split]
