@@ -73,6 +73,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,21 @@ NEW_POD_IP = "127.0.0.2"
 """The replacement decode's pod IP: VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP) expands to it (127.0.0.0/8 is all
 loopback on Linux, so a second address needs no network setup)."""
 ROUTER_PORTS = {"http": 8090, "metrics": 29001, "http2": 8091, "metrics2": 29002}
+
+
+def use_free_ports() -> None:
+    """Every port of PORTS and ROUTER_PORTS from the OS (tests and benches on a shared machine, not the GPU host)."""
+    socks = []
+    for ports in (*PORTS.values(), ROUTER_PORTS):
+        for k in ports:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports[k] = s.getsockname()[1]
+    for s in socks:
+        s.close()
+
+
 """http/metrics: the router; http2/metrics2: the second router of replace-decode (pointed at the new decode)."""
 GPUS: list[int] = [0, 1]
 """The lane's GPUs: a role of TP size t runs on the first t (set by --gpus)."""

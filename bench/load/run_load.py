@@ -43,7 +43,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -558,19 +557,6 @@ def sweep_end(now: float, end: float, *, next_side: bool, side_start_s: float | 
 
 
 # --- driver -----------------------------------------------------------------------------------------------------------
-def free_ports() -> None:
-    """Every port of run.PORTS and run.ROUTER_PORTS from the OS (tests on a shared machine)."""
-    socks = []
-    for ports in (*run.PORTS.values(), run.ROUTER_PORTS):
-        for k in ports:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports[k] = s.getsockname()[1]
-    for s in socks:
-        s.close()
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rendered", type=Path, required=True, help="`python -m hpd_operator render -o json` output")
@@ -605,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     run.GPUS[:] = [int(g) for g in args.gpus.split(",")]
     run.shift_ports(args.port_offset)
     if args.free_ports:
-        free_ports()
+        run.use_free_ports()
     run.VLLM_SITES.update(dict(x.split("=", 1) for x in args.vllm_site))
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,6 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -100,25 +99,13 @@ def test_summaries_count_outcomes_and_take_nearest_rank_percentiles() -> None:
 
 
 # --- the steps against the stand-in ---------------------------------------------------------------------------------
-def free_ports(mod: ModuleType) -> None:
-    socks = []
-    for ports in (*mod.PORTS.values(), mod.ROUTER_PORTS):
-        for k in ports:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports[k] = s.getsockname()[1]
-    for s in socks:
-        s.close()
-
-
 def test_restart_replace_and_canary_steps_on_the_stand_in(
     rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GPU call's plan, `tiny-eager:cold+restart-decode+replace-decode+canary`, with vLLM replaced by the
     stand-in: every phase runs, each answer is judged, the decode restarts on its address, the replacement serves
     from 127.0.0.2 through a second router after the old decode departed, and the canary ran only in the on phase."""
-    free_ports(run)
+    run.use_free_ports()
     monkeypatch.setattr(run, "LOAD_PHASE_S", 2.0)
     monkeypatch.setattr(run, "BEFORE_S", 0.5)
     monkeypatch.setattr(run, "AFTER_S", 1.0)
