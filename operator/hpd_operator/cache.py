@@ -227,12 +227,16 @@ def plain(x: Any) -> Any:
 
 
 def trim_event(ev: Mapping[str, Any]) -> dict[str, Any]:
-    """What podevents.probe_failure reads of a kubelet Event."""
+    """What podevents.probe_failure and podevents.kv_path read of an Event."""
     md = ev.get("metadata") or {}
     obj = ev.get("involvedObject") or {}
-    out = {k: ev.get(k) for k in ("reason", "message", "lastTimestamp", "eventTime", "firstTimestamp")}
+    out = {k: ev.get(k) for k in ("reason", "message", "type", "lastTimestamp", "eventTime", "firstTimestamp")}
     out["involvedObject"] = {k: obj.get(k) for k in ("kind", "name", "uid")}
-    out["metadata"] = {k: md.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")}
+    meta: dict[str, Any] = {k: md.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")}
+    ann = {k: v for k, v in (md.get("annotations") or {}).items() if str(k).startswith(contract.GROUP + "/")}
+    if ann:  # the KV path report's figures (hpd_runtime/kube_events.py)
+        meta["annotations"] = ann
+    out["metadata"] = meta
     return out
 
 

@@ -63,6 +63,8 @@ class Reason(StrEnum):
     DATA_PATH_VERIFIED = "Verified"
     """Every desired decode replica is Ready: each passed its pair check with every Ready prefill (and, with the
     canary on, its last canary: a failing one turns that decode not Ready)."""
+    KV_PATH_BELOW_FLOOR = "KVPathBelowFloor"
+    """Verified, but the KV rate a Ready decode measured is under spec.kvTransfer.floorGBps (status.kvPath)."""
     DATA_PATH_UNVERIFIED = "NotVerified"
     PAIR_CHECK_DISABLED = "PairCheckDisabled"
     # HybridProfileApplied

@@ -237,7 +237,7 @@ async def _index_event(body: kopf.Body, **_: Any) -> None:
     CACHE.put_event(body)
 
 
-async def _event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def _event_event(type: str | None, body: Mapping[str, Any], **_: Any) -> None:
     if type == "DELETED":
         CACHE.drop_event(body)
         return
@@ -245,6 +245,14 @@ async def _event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     if group is not None:  # about one of our pods
         for key in CACHE.crs_of(*group):
             QUEUE.add(key)
+
+
+async def _index_kv_event(body: kopf.Body, **_: Any) -> None:
+    CACHE.put_event(podevents.core_shape(body))
+
+
+async def _kv_event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    await _event_event(type, podevents.core_shape(body))
 
 
 async def _index_node(body: kopf.Body, **_: Any) -> None:
@@ -284,6 +292,7 @@ def server_side_selectors(settings: kopf.OperatorSettings, **_: Any) -> None:
     for group, version, plural in [*_watched(_caps()), ("", "v1", "pods")]:
         settings.watching.label_selectors[group, version, plural] = MANAGED
     settings.watching.field_selectors["", "v1", "events"] = podevents.EVENT_FIELD_SELECTOR
+    settings.watching.field_selectors["events.k8s.io", "v1", "events"] = podevents.KV_EVENT_FIELD_SELECTOR
 
 
 def _register_children(caps: Capabilities) -> None:
@@ -296,6 +305,8 @@ def _register_children(caps: Capabilities) -> None:
     kopf.on.event("", "v1", "pods", id="enqueue-pods")(_pod_event)
     kopf.index("", "v1", "events", id="cache-probe-events")(_index_event)
     kopf.on.event("", "v1", "events", id="enqueue-probe-events")(_event_event)
+    kopf.index("events.k8s.io", "v1", "events", id="cache-kv-events")(_index_kv_event)
+    kopf.on.event("events.k8s.io", "v1", "events", id="enqueue-kv-events")(_kv_event_event)
     if caps.nodes:
         CACHE.set_nodes(())
         kopf.index("", "v1", "nodes", id="cache-nodes")(_index_node)
@@ -728,6 +739,13 @@ def probe_details(run: Run, live: generations.Live) -> dict[tuple[str, str], str
     return out
 
 
+def kv_path_report(run: Run) -> dict[str, Any] | None:
+    """status.kvPath: the newest KV path report of a Ready decode pod of the serving generation (its KVPath Event)."""
+    pods = (run.pods or {}).get("decode") or []
+    names = [str((p.get("metadata") or {}).get("name")) for p in pods if podevents.pod_ready(p)]
+    return podevents.kv_path(pods, run.cache.events(run.namespace, names)) if names else None
+
+
 def write_report(run: Run) -> dict[str, Any]:
     """Status from what runs now (written only when it differs), Events for what changed, metrics."""
     md = run.body["metadata"]
@@ -753,6 +771,7 @@ def write_report(run: Run) -> dict[str, Any]:
         role_details=run.role_details,
         not_scheduled_after=settings.current().not_scheduled_seconds,
         rollout=run.rollout,
+        kv_path=kv_path_report(run),
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
     try:

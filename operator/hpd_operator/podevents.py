@@ -6,6 +6,11 @@ message `"<Startup|Readiness> probe failed: <the probe's output>"` (pkg/kubelet/
 Event would carry only the status code. So the decode runtime's "P->D output differs from local ..." reaches
 `kubectl describe hpd` without the pod holding any Kubernetes credentials: the operator reads its pods' Events
 and copies the newest message into the role condition (DecodeReady / PrefillReady).
+
+The KV path report is the one Event an engine pod posts itself (reason `KVPath`, hpd_runtime/kube_events.py, with a
+ServiceAccount that may only create Events): the operator watches those through events.k8s.io/v1 (kopf takes one
+field selector per resource, and core/v1 Events are already watched by reason=Unhealthy), turns them into the same
+shape (`core_shape`) and puts the newest of a Ready decode pod into `status.kvPath` (`kv_path`).
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hpd_runtime import contract
+
 UNHEALTHY = "Unhealthy"
 EVENT_FIELD_SELECTOR = f"involvedObject.kind=Pod,reason={UNHEALTHY}"
 """What the operator lists (core/v1 Events support these field selectors)."""
+KV_EVENT_FIELD_SELECTOR = f"regarding.kind=Pod,reason={contract.EVENT_REASON_KV_PATH}"
+"""The decode pods' KV path reports, watched as events.k8s.io/v1 Events (their field names)."""
 _PROBE_PREFIX = re.compile(r"^(?:\(combined from similar events\):\s*)?(Startup|Readiness) probe failed:\s*", re.S)
 MESSAGE_LIMIT = 600
 
@@ -65,3 +74,56 @@ def probe_failure(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[st
         return None
     text = best[2] if len(best[2]) <= MESSAGE_LIMIT else best[2][: MESSAGE_LIMIT - 3] + "..."
     return f"pod {best[1]}: {text}"
+
+
+def core_shape(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """An events.k8s.io/v1 Event in the core/v1 field names the rest of this module reads."""
+    series = ev.get("series") or {}
+    return {
+        "metadata": ev.get("metadata") or {},
+        "involvedObject": ev.get("regarding") or {},
+        "reason": ev.get("reason"),
+        "message": ev.get("note"),
+        "type": ev.get("type"),
+        "lastTimestamp": series.get("lastObservedTime") or ev.get("deprecatedLastTimestamp") or ev.get("eventTime"),
+    }
+
+
+def _int(x: Any) -> int | None:
+    try:
+        return int(float(x))
+    except (TypeError, ValueError):
+        return None
+
+
+def kv_path(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """`status.kvPath` from the newest KVPath Event about one of these pods that is Ready now (camelCase), or None."""
+    ready = {
+        str((p.get("metadata") or {}).get("name")): str((p.get("metadata") or {}).get("uid") or "")
+        for p in pods
+        if pod_ready(p)
+    }
+    best: tuple[str, Mapping[str, Any]] | None = None
+    for ev in events:
+        obj = ev.get("involvedObject") or {}
+        name = str(obj.get("name"))
+        if ev.get("reason") != contract.EVENT_REASON_KV_PATH or obj.get("kind") != "Pod" or name not in ready:
+            continue
+        if ready[name] and obj.get("uid") and obj.get("uid") != ready[name]:
+            continue  # an earlier pod of the same name
+        if best is None or _when(ev) > best[0]:
+            best = (_when(ev), ev)
+    if best is None:
+        return None
+    ev = best[1]
+    ann = (ev.get("metadata") or {}).get("annotations") or {}
+    out = {
+        "pod": str((ev.get("involvedObject") or {}).get("name")),
+        "message": str(ev.get("message") or "")[:MESSAGE_LIMIT],
+        "bytesPerSecond": _int(ann.get(contract.ANNOTATION_KV_BYTES_PER_SECOND)),
+        "bytesPerRequest": _int(ann.get(contract.ANNOTATION_KV_BYTES_PER_REQUEST)),
+        "fabric": ann.get(contract.ANNOTATION_KV_FABRIC),
+        "belowFloor": ann.get(contract.ANNOTATION_KV_BELOW_FLOOR) == "true" or ev.get("type") == "Warning",
+        "observedTime": best[0] or None,
+    }
+    return {k: v for k, v in out.items() if v is not None}

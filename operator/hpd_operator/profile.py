@@ -187,6 +187,15 @@ def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
             if role == "decode"
             else []
         ),
+        *(
+            [  # the pod the KV path Event is about (hpd_runtime/kube_events.py)
+                EnvEntry(name=contract.ENV_POD_NAME, field_path="metadata.name"),
+                EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
+                EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
+            ]
+            if role == "decode" and w.enabled and w.pair_check
+            else []
+        ),
     ]
 
 

@@ -275,6 +275,7 @@ def compute_status(
     not_scheduled_after: float = NOT_SCHEDULED_AFTER,
     rollout: RolloutView | None = None,
     autoscalers: Mapping[str, Mapping[str, Any]] | None = None,
+    kv_path: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -298,7 +299,7 @@ def compute_status(
         details.update(gens.serving_details)
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
-    conds.append(_data_path_condition(spec, states["decode"], details.get("decode")))
+    conds.append(_data_path_condition(spec, states["decode"], details.get("decode"), kv_path))
     conds.append(_profile_condition(profile, failure))
     conds += _progress_conditions(states, failure)
     if gens is not None:
@@ -314,7 +315,7 @@ def compute_status(
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
         out[comp] = _component_status(name, comp, states[comp], gens, (autoscalers or {}).get(comp))
-    return _rest(out, name=name, namespace=namespace, spec=spec, profile=profile, gens=gens)
+    return _rest(out, name=name, namespace=namespace, spec=spec, profile=profile, gens=gens, kv_path=kv_path)
 
 
 def _rest(
@@ -325,8 +326,12 @@ def _rest(
     spec: HybridPDDeploymentSpec | None,
     profile: Profile | None,
     gens: _Generations | None,
+    kv_path: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The endpoint, the profile and the rollout."""
+    """The endpoint, the profile, the rollout and status.kvPath (`kv_path`: the newest KV path report of a Ready
+    decode pod, podevents.kv_path)."""
+    if kv_path:
+        out["kvPath"] = dict(kv_path)
     port = spec.router.service.port if spec is not None else None
     if port is not None:
         out["endpoint"] = endpoint_url(name, namespace, port)
@@ -671,22 +676,27 @@ def _warmup_condition(spec: HybridPDDeploymentSpec | None, states: Mapping[str, 
     return _cond(ConditionType.WARMED_UP, False, Reason.WARMUP_PENDING, msg)
 
 
-def _data_path_condition(spec: HybridPDDeploymentSpec | None, decode: RoleState, detail: str | None) -> dict[str, str]:
+def _data_path_condition(
+    spec: HybridPDDeploymentSpec | None, decode: RoleState, detail: str | None, kv: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """Whether P->D is proven now. Decode is Ready only after its pair check with every Ready prefill and stays Ready
-    only while its canary passes, so Ready decode replicas are the proof (the measured KV rate is in each decode's
-    /readyz and hpd_runtime_kv_transfer_bytes_per_second: the pods have no credentials to report it here)."""
+    only while its canary passes, so Ready decode replicas are the proof. `kv`: the newest KV path report of a Ready
+    decode (status.kvPath); below the fabric's floor the condition stays True with reason KVPathBelowFloor (a Warning
+    Event on the transition): the path answers correctly, slowly."""
     ctype = ConditionType.DATA_PATH_VERIFIED
     if spec is None:
         return _cond(ctype, None, Reason.UNKNOWN, "the spec is not valid")
-    w, kv = spec.warmup, spec.kv_transfer
+    w, fabric = spec.warmup, spec.kv_transfer
     if not (w.enabled and w.pair_check):
         return _cond(ctype, None, Reason.PAIR_CHECK_DISABLED, "spec.warmup.pairCheck (or warmup) is off: P->D is "
                      "not verified before traffic")  # fmt: skip
     canary = f"re-proved every {w.canary_seconds} s (canary)" if w.canary_seconds else "canary off"
     if decode.desired > 0 and decode.ready_all:
+        measured = f"pod {kv['pod']}: {kv.get('message')}" if kv else "decode's /readyz names the measured rate"
         msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "
-               f"KV over fabric {kv.fabric} (decode's /readyz names the measured rate)")  # fmt: skip
-        return _cond(ctype, True, Reason.DATA_PATH_VERIFIED, msg)
+               f"KV over fabric {fabric.fabric} ({measured})")  # fmt: skip
+        slow = bool(kv and kv.get("belowFloor"))
+        return _cond(ctype, True, Reason.KV_PATH_BELOW_FLOOR if slow else Reason.DATA_PATH_VERIFIED, msg)
     msg = f"{decode.ready}/{decode.desired} decode replica(s) verified P->D; {canary}"
     return _cond(ctype, False, Reason.DATA_PATH_UNVERIFIED, msg + (f": {detail}" if detail else ""))
 
@@ -777,6 +787,9 @@ def transitions(
         return out
     if ready.get("status") == "True" and was.get("status") != "True":
         out.append(("Normal", str(ready["reason"]), str(ready.get("message", ""))))
+    path, was_path = cur.get(ConditionType.DATA_PATH_VERIFIED) or {}, prev.get(ConditionType.DATA_PATH_VERIFIED) or {}
+    if path.get("reason") == Reason.KV_PATH_BELOW_FLOOR and was_path.get("reason") != Reason.KV_PATH_BELOW_FLOOR:
+        out.append(("Warning", str(path["reason"]), str(path.get("message", ""))))
     deg, was_deg = cur.get(ConditionType.DEGRADED) or {}, prev.get(ConditionType.DEGRADED) or {}
     new_problem = (was_deg.get("status"), was_deg.get("reason")) != ("True", deg.get("reason"))
     if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS and new_problem:

@@ -113,9 +113,9 @@ def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
 EXPECTED = {
     "Deployment": ["{n}-decode-{g}", "{n}-prefill-{g}", "{n}-router"],
     "Service": ["{n}", "{n}-decode-{g}", "{n}-prefill-{g}"],
-    "ServiceAccount": ["{n}-router"],
-    "Role": ["{n}-router"],
-    "RoleBinding": ["{n}-router"],
+    "ServiceAccount": ["{n}-kv-reporter", "{n}-router"],
+    "Role": ["{n}-kv-reporter", "{n}-router"],
+    "RoleBinding": ["{n}-kv-reporter", "{n}-router"],
     "PodDisruptionBudget": [],
     "NetworkPolicy": ["{n}-engines", "{n}-router"],
 }

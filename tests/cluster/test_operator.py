@@ -8,6 +8,8 @@ import copy
 import datetime
 import json
 import signal
+import ssl
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from kubernetes import client
 
 from hpd_devcluster.testing import wait_for
 from hpd_operator.render import render
-from hpd_runtime import contract
+from hpd_runtime import contract, kube_events
 
 from .conftest import Operator
 from .kube import (
@@ -464,3 +466,72 @@ def test_a_decode_probe_failure_reaches_the_decode_ready_condition(
     assert f"pod {pod.metadata.name}: {reason}" in cond(cr, "DecodeReady")["message"]
     described = kubectl(kubeconfig, "describe", "hpd", name, "-n", ns).stdout
     assert "P->D output differs from local" in described and "spec.blockSize" in described
+
+
+def test_a_decode_posts_its_kv_path_as_an_event_and_the_operator_puts_it_in_the_status(
+    operator: Operator, api_client: client.ApiClient, namespace: str, devcluster: Any, tmp_path: Path
+) -> None:
+    """#26: the decode runtime posts the KV rate its pair check measured as an Event on its own pod (the runtime's
+    own code, hpd_runtime/kube_events.py, with a token of the ServiceAccount the operator gave the decode pods, as
+    the kubelet would mount it: kwok runs no containers); the operator puts it into status.kvPath and
+    DataPathVerified. Below the fabric's floor: reason KVPathBelowFloor and a Warning Event, Ready untouched. The
+    token may create Events and do nothing else."""
+    ns, name = namespace, "kvpath"
+    create(api_client, ns, seed(name))
+    wait_ready(api_client, ns, name)
+    core = client.CoreV1Api(api_client)
+    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}=decode"
+    pod = core.list_namespaced_pod(ns, label_selector=sel).items[0]
+    sa = pod.spec.service_account_name
+    assert sa == f"{name}-kv-reporter" and pod.spec.automount_service_account_token is True
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    assert env[contract.ENV_POD_NAME].value_from.field_ref.field_path == "metadata.name"
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
+    token = core.create_namespaced_service_account_token(sa, ns, request).status.token
+    (tmp_path / "token").write_text(token)
+    target = kube_events.Target(
+        server=devcluster.server, token_path=str(tmp_path / "token"), ca_path=str(devcluster.pki / "ca.crt"),
+        pod=pod.metadata.name, namespace=ns, uid=pod.metadata.uid,
+    )  # fmt: skip
+    reporter = kube_events.Reporter(target)
+    fast = "KV moved at 14.2 GB/s, 173 MB per request over tcp (16 transfers)"
+    assert reporter.report(fast, rate=14.2e9, per_request=173e6, fabric="tcp", slow=False)
+    assert not reporter.report(fast, rate=15e9, per_request=173e6, fabric="tcp", slow=False)  # not due: no new Event
+
+    def kv(c: dict[str, Any]) -> dict[str, Any]:
+        return dict((c.get("status") or {}).get("kvPath") or {})
+
+    cr = wait_cr(api_client, ns, name, lambda c: kv(c).get("bytesPerSecond") == 14_200_000_000, "status.kvPath")
+    assert kv(cr) == {"pod": pod.metadata.name, "message": fast, "bytesPerSecond": 14_200_000_000,
+                      "bytesPerRequest": 173_000_000, "fabric": "tcp", "belowFloor": False,
+                      "observedTime": kv(cr)["observedTime"]}  # fmt: skip
+    path = cond(cr, "DataPathVerified")
+    assert path["status"] == "True" and path["reason"] == "Verified" and fast in path["message"]
+
+    # the token creates Events and nothing else: no pods, no reading Events, no other namespace's Events
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> int:
+        req = urllib.request.Request(devcluster.server + path, method=method, data=json.dumps(body).encode()
+                                     if body else None, headers={"Authorization": f"Bearer {token}",
+                                                                 "Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=target.ca_path)) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    assert call("GET", f"/api/v1/namespaces/{ns}/events") == 403
+    assert call("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "x"}, "spec": {}}) == 403
+    assert call("GET", f"/api/v1/namespaces/{ns}/secrets") == 403
+    assert (
+        call("POST", "/api/v1/namespaces/default/events", kube_events.event_body(target, "Normal", "x", {}, 0)) == 403
+    )
+
+    slow = "KV moved at 0.42 GB/s, 173 MB per request over rdma (16 transfers): below the 5 GB/s floor of fabric rdma"
+    assert reporter.report(slow, rate=0.42e9, per_request=173e6, fabric="rdma", slow=True)  # the verdict flipped
+    cr = wait_cr(api_client, ns, name, lambda c: cond(c, "DataPathVerified").get("reason") == "KVPathBelowFloor",
+                 "DataPathVerified KVPathBelowFloor")  # fmt: skip
+    assert kv(cr)["belowFloor"] is True and slow in cond(cr, "DataPathVerified")["message"]
+    assert cond(cr, "DataPathVerified")["status"] == "True" and cond(cr, "Ready")["status"] == "True"
+    warned = wait_for(lambda: [e for e in events(api_client, ns, name) if e.reason == "KVPathBelowFloor"], T,
+                      what="a KVPathBelowFloor Event on the CR")  # fmt: skip
+    assert warned[0].type == "Warning" and "0.42 GB/s" in warned[0].message

@@ -73,6 +73,9 @@ def test_seed_builds_the_full_child_set() -> None:
             ("ServiceAccount", f"{n}-router"),
             ("Role", f"{n}-router"),
             ("RoleBinding", f"{n}-router"),
+            ("ServiceAccount", f"{n}-kv-reporter"),
+            ("Role", f"{n}-kv-reporter"),
+            ("RoleBinding", f"{n}-kv-reporter"),
             ("Service", n),
             ("Deployment", f"{n}-router"),
             ("NetworkPolicy", f"{n}-engines"),
@@ -279,7 +282,7 @@ def test_user_env_value_from_is_passed_through_as_written() -> None:
     assert e["E"] == "\U0001f680"
 
 
-def test_every_generated_pod_is_pss_restricted_and_engines_get_no_token() -> None:
+def test_every_generated_pod_is_pss_restricted_and_only_router_and_decode_get_a_token() -> None:
     objs = build(seed_doc())
     for d in (o for o in objs if o["kind"] == "Deployment"):
         pod = d["spec"]["template"]["spec"]
@@ -292,8 +295,32 @@ def test_every_generated_pod_is_pss_restricted_and_engines_get_no_token() -> Non
         assert all(set(v) - {"name"} <= {"emptyDir", "persistentVolumeClaim"} for v in pod.get("volumes", []))
         # written out (not left to the defaults) so the operator owns them and reverts a hand edit (drift.py)
         assert (pod["hostNetwork"], pod["hostPID"], pod["hostIPC"]) == (False, False, False)
-        is_router = d["metadata"]["name"].endswith("-router")
-        assert pod["automountServiceAccountToken"] is is_router
+        comp = d["metadata"]["labels"][contract.LABEL_COMPONENT]
+        assert pod["automountServiceAccountToken"] is (comp in ("router", "decode")), comp
+        if comp == "decode":  # the pair check's KV path report: a ServiceAccount that may only create Events
+            assert pod["serviceAccountName"] == "nemotron-3-nano-kv-reporter"
+        elif comp == "prefill":
+            assert "serviceAccountName" not in pod
+
+
+def test_the_decode_reporter_may_only_create_events_and_exists_only_with_the_pair_check() -> None:
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in build(seed_doc())}
+    role = objs[("Role", "nemotron-3-nano-kv-reporter")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    binding = objs[("RoleBinding", "nemotron-3-nano-kv-reporter")]
+    assert binding["subjects"][0]["name"] == "nemotron-3-nano-kv-reporter"
+    assert ("ServiceAccount", "nemotron-3-nano-kv-reporter") in objs
+    decode = next(o for o in objs.values() if o["kind"] == "Deployment" and "-decode-" in o["metadata"]["name"])
+    env = {e["name"]: e for e in decode["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_POD_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[contract.ENV_POD_UID]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+    doc = seed_doc()
+    doc["spec"]["warmup"] = {"pairCheck": False}
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in build(doc)}
+    assert not [k for k in objs if k[1].endswith("-kv-reporter")]
+    decode = next(o for o in objs.values() if o["kind"] == "Deployment" and "-decode-" in o["metadata"]["name"])
+    assert decode["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 def test_network_policies_admit_only_router_peers_and_prometheus() -> None:

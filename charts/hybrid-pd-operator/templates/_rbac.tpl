@@ -30,6 +30,13 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "get", "patch", "list", "watch"]
+# list+watch: the decode pods' own KV path reports (reason KVPath, field selector regarding.kind=Pod,reason=KVPath;
+# handlers._index_kv_event), read through events.k8s.io because the core/v1 watch above already has its selector;
+# their figures go into status.kvPath. create on core events (above) also lets the operator give each CR's decode pods
+# the `<cr>-kv-reporter` Role that may only create Events (RBAC escalation prevention).
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["list", "watch"]
 # Children (apply.KINDS). list+watch: kopf's watch of each kind feeds the cache the reconcile reads (ownership,
 # desired-hash, Deployment status; handlers._register_children); patch: server-side apply of a child that is
 # missing, changed or drifted (apply.apply); create: the same apply PATCH creates a missing child, which the

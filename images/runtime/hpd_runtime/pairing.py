@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hpd_runtime import contract as c
-from hpd_runtime import kvstats
+from hpd_runtime import kube_events, kvstats
 from hpd_runtime import paircheck as pc
 from hpd_runtime.config import RuntimeConfig
 from hpd_runtime.http_client import RequestError, Response, base_url, request
@@ -225,6 +225,8 @@ class PairMonitor:
         self.failures = 0
         self.last_fault_check = 0.0
         self.last_canary = time.monotonic()
+        self.reporter = kube_events.Reporter(kube_events.target_from_env())
+        """Posts the KV path as an Event on this pod (rate-limited; nothing outside a cluster)."""
 
     def record_kv(self, kv: kvstats.KVSpan | None) -> None:
         """The KV path's figures of one passed check: readiness report, metrics, and a warning below the floor."""
@@ -241,6 +243,9 @@ class PairMonitor:
         m.kv_below_floor.labels(fabric=fabric).set(1 if slow else 0)
         self.state.set_kv_report(report)
         log_event("kv_path", level="warning" if slow else "info", report=report)
+        self.reporter.report(
+            report, rate=kv.bytes_per_second, per_request=kv.bytes_per_transfer, fabric=fabric, slow=slow
+        )
 
     def record(self, host: str, port: int, result: PairResult) -> None:
         """Apply one check's outcome to the state (used by the warmup's initial check too)."""

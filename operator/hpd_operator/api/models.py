@@ -215,7 +215,7 @@ class LocalObjectReference(_Model):
 
 class VolumeProjection(_Model):
     """One source of a projected volume (core/v1 VolumeProjection): secret, configMap, downwardAPI, ... ; a
-    serviceAccountToken source is refused (engine pods get no token). Only the refused source is declared: the
+    serviceAccountToken source is refused (engine pods get no token beyond the operator's). Only the refused source is declared: the
     others are kept as written and checked by the apiserver when the Deployment is applied."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-validations": cel_rules("projection")})
@@ -755,6 +755,21 @@ class RolloutStatus(_Model):
     generations: list[GenerationStatus] = Field(default_factory=list)
 
 
+class KVPathStatus(_Model):
+    """The KV path as the serving generation's decode last measured it (its pair check or canary: the newest `KVPath`
+    Event of a Ready decode pod, hpd_runtime/kube_events.py)."""
+
+    pod: str | None = None
+    message: str | None = Field(default=None, max_length=1024)
+    """`KV moved at 14.2 GB/s, 173 MB per request over tcp (16 transfers)`, plus the floor warning when below it."""
+    bytes_per_second: int | None = None
+    bytes_per_request: int | None = None
+    fabric: str | None = None
+    below_floor: bool | None = None
+    """Under spec.kvTransfer.floorGBps: did UCX fall back to TCP? (Ready is not touched)."""
+    observed_time: str | None = None
+
+
 class HybridPDDeploymentStatus(_Model):
     observed_generation: int | None = None
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = None
@@ -771,6 +786,9 @@ class HybridPDDeploymentStatus(_Model):
     """What the operator injected and why."""
     rollout: RolloutStatus | None = None
     """Generations of prefill + decode and the rollout between them."""
+    kv_path: KVPathStatus | None = None
+    """The KV path the serving decode pods measured last (absent until one reported: no pair check, no cluster
+    credentials for the report, or no transfer counters in vLLM)."""
 
 
 class ObjectMeta(BaseModel):

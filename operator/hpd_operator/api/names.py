@@ -84,6 +84,12 @@ def router_name(cr_name: str) -> str:
     return short_name(cr_name, contract.COMPONENT_ROUTER)
 
 
+def kv_reporter_name(cr_name: str) -> str:
+    """`<cr>-kv-reporter`: the decode pods' ServiceAccount, Role and RoleBinding (create Events: the KV path report,
+    hpd_runtime/kube_events.py)."""
+    return short_name(cr_name, "kv-reporter")
+
+
 def endpoint_service_name(cr_name: str) -> str:
     """`<cr>`: the router's Service, the CR's one endpoint."""
     return short_name(cr_name)

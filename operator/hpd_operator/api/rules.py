@@ -154,9 +154,15 @@ FORBIDDEN_POD_FIELDS: Final = {
     "hostPID": ("host_pid", "the node's process namespace is not for model servers"),
     "hostIPC": ("host_ipc", "the node's IPC namespace is not for model servers"),
     "hostUsers": ("host_users", "user namespaces are the node administrator's choice"),
-    "serviceAccountName": ("service_account_name", "engine pods run without API access (the operator sets it)"),
-    "serviceAccount": ("service_account", "engine pods run without API access (the operator sets it)"),
-    "automountServiceAccountToken": ("automount_service_account_token", "the operator never mounts a token"),
+    "serviceAccountName": (
+        "service_account_name",
+        "the operator sets it (none on prefill; on decode one that may only create its KV path Event)",
+    ),
+    "serviceAccount": ("service_account", "the operator sets it (see serviceAccountName)"),
+    "automountServiceAccountToken": (
+        "automount_service_account_token",
+        "the operator decides (a token only on decode pods that run the pair check, to post their KV path Event)",
+    ),
     "securityContext": ("security_context", "the operator sets a restricted pod securityContext"),
     "nodeName": ("node_name", "bypasses the scheduler and GPU accounting; use spec.<role>.nodeSelector"),
     "shareProcessNamespace": ("share_process_namespace", "vLLM's processes stay in their own namespace"),
@@ -188,7 +194,7 @@ FORBIDDEN_VOLUME_FIELDS: Final = {
 FORBIDDEN_PROJECTION_FIELDS: Final = {
     "serviceAccountToken": (
         "service_account_token",
-        "engine pods get no ServiceAccount token (vLLM never calls the Kubernetes API)",
+        "engine pods get no token beyond the operator's (vLLM never calls the Kubernetes API)",
     ),
 }
 SECURITY_ANNOTATION_PREFIXES: Final = (

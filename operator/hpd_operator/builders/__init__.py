@@ -15,6 +15,7 @@ from hpd_operator.builders.engine import (
     build_engine_deployment,
     build_engine_pdb,
     build_engine_service,
+    build_kv_reporter_rbac,
     engine_replicas,
     generation_hash,
 )
@@ -65,6 +66,7 @@ def build_all(
         if pdb is not None:
             out.append(pdb)
     out += build_router_rbac(cr)
+    out += build_kv_reporter_rbac(cr)
     out.append(build_router_service(cr))
     out.append(build_router_deployment(cr, plan.route))
     out += build_pod_monitors(cr)

@@ -12,7 +12,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from hpd_operator.api.models import HybridPDDeployment, ResourceRequirements
-from hpd_operator.api.names import prefill_service_host, role_name, selector_labels, serving_selector
+from hpd_operator.api.names import (
+    kv_reporter_name,
+    prefill_service_host,
+    role_name,
+    selector_labels,
+    serving_selector,
+)
 from hpd_operator.builders.common import (
     POD_SECURITY_DEFAULTS,
     Manifest,
@@ -210,9 +216,13 @@ def _engine_pod_spec(
 ) -> dict[str, Any]:
     rs = cr.spec.role(role)
     volumes, mounts = _engine_volumes(cr)
+    w = cr.spec.warmup
+    reports = role == "decode" and w.enabled and w.pair_check
     pod_spec: dict[str, Any] = {
-        # vLLM never calls the Kubernetes API: no ServiceAccount token in the pod (PSS-restricted friendly).
-        "automountServiceAccountToken": False,
+        # vLLM never calls the Kubernetes API. Only a decode that runs the pair check gets a token, of a
+        # ServiceAccount that may only create Events (its KV path report, build_kv_reporter_rbac).
+        **({"serviceAccountName": kv_reporter_name(cr.metadata.name)} if reports else {}),
+        "automountServiceAccountToken": reports,
         **POD_SECURITY_DEFAULTS,
         "containers": [_engine_container(cr, profile, role, mounts, group_role)],
         "volumes": volumes,
@@ -368,3 +378,29 @@ def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generatio
         "metadata": generation_metadata(cr, role, gen),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(cr.metadata.name, role, gen.hash)}},
     }
+
+
+def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
+    """ServiceAccount + Role (create Events in the namespace) + RoleBinding for the decode pods, which post their
+    measured KV path as an Event on themselves (hpd_runtime/kube_events.py); none without the pair check."""
+    w = cr.spec.warmup
+    if not (w.enabled and w.pair_check):
+        return []
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    rn = kv_reporter_name(name)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(name, ns, rn, "decode")},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(name, ns, rn, "decode"),
+            "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(name, ns, rn, "decode"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": rn},
+            "subjects": [{"kind": "ServiceAccount", "name": rn, **({"namespace": ns} if ns else {})}],
+        },
+    ]
