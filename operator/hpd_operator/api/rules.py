@@ -194,7 +194,7 @@ FORBIDDEN_VOLUME_FIELDS: Final = {
 FORBIDDEN_PROJECTION_FIELDS: Final = {
     "serviceAccountToken": (
         "service_account_token",
-        "engine pods get no token beyond the operator's (vLLM never calls the Kubernetes API)",
+        "engine pods get no ServiceAccount token of their own (vLLM never calls the Kubernetes API)",
     ),
 }
 SECURITY_ANNOTATION_PREFIXES: Final = (
