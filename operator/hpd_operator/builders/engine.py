@@ -217,10 +217,10 @@ def _engine_pod_spec(
     rs = cr.spec.role(role)
     volumes, mounts = _engine_volumes(cr)
     w = cr.spec.warmup
-    reports = role == "decode" and w.enabled and w.pair_check
+    reports = role == "decode" and w.enabled and w.pair_check and group_role != contract.GROUP_WORKER
     pod_spec: dict[str, Any] = {
-        # vLLM never calls the Kubernetes API. Only a decode that runs the pair check gets a token, of a
-        # ServiceAccount that may only create Events (its KV path report, build_kv_reporter_rbac).
+        # vLLM never calls the Kubernetes API. Only a decode that runs the pair check (a group's leader) gets a
+        # token, of a ServiceAccount that may only create Events (its KV path report, build_kv_reporter_rbac).
         **({"serviceAccountName": kv_reporter_name(cr.metadata.name)} if reports else {}),
         "automountServiceAccountToken": reports,
         **POD_SECURITY_DEFAULTS,
