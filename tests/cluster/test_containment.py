@@ -320,9 +320,11 @@ def test_sample_cr_is_admitted_in_a_pod_security_restricted_namespace(
         rs = client.AppsV1Api(api_client).list_namespaced_replica_set(ns).items
         for r in rs:
             assert not [c for c in (r.status.conditions or []) if c.type == "ReplicaFailure"], r.status.conditions
-        for p in pods:
-            token = p.spec.automount_service_account_token
-            assert token is (p.metadata.labels[contract.LABEL_COMPONENT] == "router")
+        for p in pods:  # a token only where the pod calls the API: the router's discovery, decode's KV path Event
+            comp = p.metadata.labels[contract.LABEL_COMPONENT]
+            assert p.spec.automount_service_account_token is (comp in ("router", "decode")), comp
+            if comp == "decode":
+                assert p.spec.service_account_name == f"{name}-kv-reporter"
     except BaseException:
         print(f"--- operator log ---\n{op.log.read_text(errors='replace')[-20000:]}")
         raise
