@@ -209,7 +209,7 @@ def test_each_role_follows_its_own_signal_within_the_ratio_and_the_operator_neve
         # only shrink now" and stay so while the operator is down (a recorded limit: docs/autoscaling.md)
         decode = _engine(api_client, ns, name, "decode").metadata.name
         wait_for(lambda: (h := _hpas(api_client, ns, name).get(decode)) is not None and h.spec.max_replicas >= 4,
-                 60, what="decode's HPA allowed to reach 4 at 3 prefill")  # fmt: skip
+                 SCALE_T, what="decode's HPA allowed to reach 4 at 3 prefill")  # fmt: skip
         t1 = time.monotonic()
         stack.set_load(ns, name, "decode", kvCacheUsage=2.5)
         operator.stop()
