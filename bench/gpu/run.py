@@ -105,21 +105,6 @@ NEW_POD_IP = "127.0.0.2"
 """The replacement decode's pod IP: VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP) expands to it (127.0.0.0/8 is all
 loopback on Linux, so a second address needs no network setup)."""
 ROUTER_PORTS = {"http": 8090, "metrics": 29001, "http2": 8091, "metrics2": 29002}
-
-
-def use_free_ports() -> None:
-    """Every port of PORTS and ROUTER_PORTS from the OS (tests and benches on a shared machine, not the GPU host)."""
-    socks = []
-    for ports in (*PORTS.values(), ROUTER_PORTS):
-        for k in ports:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports[k] = s.getsockname()[1]
-    for s in socks:
-        s.close()
-
-
 """http/metrics: the router; http2/metrics2: the second router of replace-decode (pointed at the new decode)."""
 GPUS: list[int] = [0, 1]
 """The lane's GPUs: a role of TP size t runs on the first t (set by --gpus)."""
@@ -406,6 +391,19 @@ def wait_kv_allocated(role: Role, deadline: float) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(f"{role.name}: no '{KV_ALLOCATED}' line in time")
+
+
+def use_free_ports() -> None:
+    """Every port of PORTS and ROUTER_PORTS from the OS (tests and benches on a shared machine, not the GPU host)."""
+    socks = []
+    for ports in (*PORTS.values(), ROUTER_PORTS):
+        for k in ports:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports[k] = s.getsockname()[1]
+    for s in socks:
+        s.close()
 
 
 def readyz_url(role: Role) -> str:
@@ -1125,6 +1123,7 @@ def load_phase(traffic: Traffic, name: str, decode: Role, seconds: float, then: 
     w1 = time.time()
     time.sleep(1.0)  # the last requests of the phase finish
     after = canary_counts(decode)
+    phase_log = log_text(decode, offset)
     events = [{k: e.get(k) for k in ("ts", "ok", "seconds", "summary")} for e in runtime_events(decode, "canary")]
     windows = [(e["ts"] - e["seconds"], e["ts"]) for e in events if e["ts"] and e["seconds"] is not None]
     reqs = [r for r in traffic.snapshot(name) if "s" in r]
@@ -1136,8 +1135,8 @@ def load_phase(traffic: Traffic, name: str, decode: Role, seconds: float, then: 
             "canary_checks_before": before, "canary_checks_after": after,
             "canary_events_in_phase": [e for e in events if e["ts"] and w0 <= e["ts"] <= w1 + 1],
             "canary_events_total": len(events),
-            "jit_lines_in_phase": [ln[:300] for ln in log_text(decode, offset).splitlines() if JIT_LINE in ln][:20],
-            "autotune_lines_in_phase": log_text(decode, offset).count(AUTOTUNE_LINE)}  # fmt: skip
+            "jit_lines_in_phase": [ln[:300] for ln in phase_log.splitlines() if JIT_LINE in ln][:20],
+            "autotune_lines_in_phase": phase_log.count(AUTOTUNE_LINE)}  # fmt: skip
 
 
 def role_times(role: Role) -> dict[str, float]:
@@ -1382,17 +1381,16 @@ def run_step(
             res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
             if "shapes" in steps:
                 res["shapes"] = shapes(served)
-            res["autotune_events_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(AUTOTUNE_LINE)
-                                                  for n, r in roles.items()}  # fmt: skip
-            res["jit_monitor_lines_after_ready"] = {n: log_text(r, r.log_offset_at_ready).count(JIT_LINE)
-                                                    for n, r in roles.items()}  # fmt: skip
-            res["jit_monitor_lines_before_ready"] = {n: log_text(r)[: r.log_offset_at_ready].count(JIT_LINE)
-                                                     for n, r in roles.items()}  # fmt: skip
-            res["jit_monitor_samples_after_ready"] = {n: [ln[:300] for ln in log_text(r, r.log_offset_at_ready)
-                                                          .splitlines() if JIT_LINE in ln][:10]
-                                                      for n, r in roles.items()}  # fmt: skip
-            res["gemm_warmup_log"] = {n: [ln.strip() for ln in log_text(r).splitlines() if GEMM_WARMUP_LINE in ln][-4:]
-                                      for n, r in roles.items()}  # fmt: skip
+            whole = {n: log_text(r) for n, r in roles.items()}
+            after = {n: log_text(r, r.log_offset_at_ready) for n, r in roles.items()}
+            res["autotune_events_after_ready"] = {n: t.count(AUTOTUNE_LINE) for n, t in after.items()}
+            res["jit_monitor_lines_after_ready"] = {n: t.count(JIT_LINE) for n, t in after.items()}
+            res["jit_monitor_lines_before_ready"] = {n: whole[n].count(JIT_LINE) - t.count(JIT_LINE)
+                                                     for n, t in after.items()}  # fmt: skip
+            res["jit_monitor_samples_after_ready"] = {n: [ln[:300] for ln in t.splitlines() if JIT_LINE in ln][:10]
+                                                      for n, t in after.items()}  # fmt: skip
+            res["gemm_warmup_log"] = {n: [ln.strip() for ln in t.splitlines() if GEMM_WARMUP_LINE in ln][-4:]
+                                      for n, t in whole.items()}  # fmt: skip
             if decode_steps:  # no fresh-router measurement: the decode steps' traffic starts on this router
                 res["decode_steps"] = decode_lifecycle(bench, decode_steps, router)
             else:

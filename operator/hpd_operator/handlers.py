@@ -740,10 +740,10 @@ def probe_details(run: Run, live: generations.Live) -> dict[tuple[str, str], str
 
 
 def kv_path_report(run: Run) -> dict[str, Any] | None:
-    """status.kvPath: the newest KV path report of a Ready decode pod of the serving generation (its KVPath Event)."""
+    """status.kvPath: the newest KV path report (KVPath Event) of a Ready decode pod of the CR (during a rollout,
+    either generation's), as the watch cache holds them; podevents.kv_path picks the Ready pods."""
     pods = (run.pods or {}).get("decode") or []
-    names = [str((p.get("metadata") or {}).get("name")) for p in pods if podevents.pod_ready(p)]
-    return podevents.kv_path(pods, run.cache.events(run.namespace, names)) if names else None
+    return podevents.kv_path(pods, run.cache.events(run.namespace, [str(p["metadata"]["name"]) for p in pods]))
 
 
 def write_report(run: Run) -> dict[str, Any]:

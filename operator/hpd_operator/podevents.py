@@ -16,7 +16,7 @@ shape (`core_shape`) and puts the newest of a Ready decode pod into `status.kvPa
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from hpd_runtime import contract
@@ -46,28 +46,38 @@ def _when(event: Mapping[str, Any]) -> str:
     )
 
 
+def _uids(pods: Iterable[Mapping[str, Any]], ready: bool) -> dict[str, str]:
+    """Name -> uid of the pods whose readiness is `ready`."""
+    return {
+        str((p.get("metadata") or {}).get("name")): str((p.get("metadata") or {}).get("uid") or "")
+        for p in pods
+        if pod_ready(p) is ready
+    }
+
+
+def _about(pods: Mapping[str, str], events: Iterable[Mapping[str, Any]], reason: str) -> Iterator[Mapping[str, Any]]:
+    """The Events of `reason` about these pods (name -> uid); one about an earlier pod of the same name is skipped."""
+    for ev in events:
+        obj = ev.get("involvedObject") or {}
+        name = str(obj.get("name"))
+        if obj.get("kind") != "Pod" or name not in pods or ev.get("reason") != reason:
+            continue
+        if pods[name] and obj.get("uid") and obj.get("uid") != pods[name]:
+            continue  # an earlier pod of the same name
+        yield ev
+
+
 def probe_failure(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> str | None:
     """`pod NAME: <reason>` from the newest Startup/Readiness probe failure of a pod that is not Ready now.
 
     Events of Ready pods (stale), of other pods, and other reasons are ignored; None when nothing applies."""
-    waiting = {
-        str((p.get("metadata") or {}).get("name")): str((p.get("metadata") or {}).get("uid") or "")
-        for p in pods
-        if not pod_ready(p)
-    }
     best: tuple[str, str, str] | None = None
-    for ev in events:
-        obj = ev.get("involvedObject") or {}
-        name = str(obj.get("name"))
-        if obj.get("kind") != "Pod" or name not in waiting or ev.get("reason") != UNHEALTHY:
-            continue
-        if waiting[name] and obj.get("uid") and obj.get("uid") != waiting[name]:
-            continue  # an earlier pod of the same name
+    for ev in _about(_uids(pods, ready=False), events, UNHEALTHY):
         m = _PROBE_PREFIX.match(str(ev.get("message") or ""))
         if m is None:
             continue
         text = str(ev["message"])[m.end() :].strip()
-        key = (_when(ev), name, text)
+        key = (_when(ev), str((ev.get("involvedObject") or {}).get("name")), text)
         if best is None or key[0] > best[0]:
             best = key
     if best is None:
@@ -98,24 +108,9 @@ def _int(x: Any) -> int | None:
 
 def kv_path(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """`status.kvPath` from the newest KVPath Event about one of these pods that is Ready now (camelCase), or None."""
-    ready = {
-        str((p.get("metadata") or {}).get("name")): str((p.get("metadata") or {}).get("uid") or "")
-        for p in pods
-        if pod_ready(p)
-    }
-    best: tuple[str, Mapping[str, Any]] | None = None
-    for ev in events:
-        obj = ev.get("involvedObject") or {}
-        name = str(obj.get("name"))
-        if ev.get("reason") != contract.EVENT_REASON_KV_PATH or obj.get("kind") != "Pod" or name not in ready:
-            continue
-        if ready[name] and obj.get("uid") and obj.get("uid") != ready[name]:
-            continue  # an earlier pod of the same name
-        if best is None or _when(ev) > best[0]:
-            best = (_when(ev), ev)
-    if best is None:
+    ev = max(_about(_uids(pods, ready=True), events, contract.EVENT_REASON_KV_PATH), key=_when, default=None)
+    if ev is None:
         return None
-    ev = best[1]
     ann = (ev.get("metadata") or {}).get("annotations") or {}
     out = {
         "pod": str((ev.get("involvedObject") or {}).get("name")),
@@ -124,6 +119,6 @@ def kv_path(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any
         "bytesPerRequest": _int(ann.get(contract.ANNOTATION_KV_BYTES_PER_REQUEST)),
         "fabric": ann.get(contract.ANNOTATION_KV_FABRIC),
         "belowFloor": ann.get(contract.ANNOTATION_KV_BELOW_FLOOR) == "true" or ev.get("type") == "Warning",
-        "observedTime": best[0] or None,
+        "observedTime": _when(ev) or None,
     }
     return {k: v for k, v in out.items() if v is not None}

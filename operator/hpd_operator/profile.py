@@ -193,7 +193,7 @@ def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
                 EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
                 EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
             ]
-            if role == "decode" and w.enabled and w.pair_check
+            if role == "decode" and w.pair_checked
             else []
         ),
     ]
@@ -300,8 +300,7 @@ def _hybrid_args(s: Settings, valid: Validated, role: contract.Role) -> list[str
 
 
 def _pair_check_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
-    warmup = valid.spec.warmup
-    if not (role == "decode" and warmup.enabled and warmup.pair_check):
+    if not (role == "decode" and valid.spec.warmup.pair_checked):
         return []
     return s.flag(
         "--enable-prompt-tokens-details",

@@ -687,7 +687,7 @@ def _data_path_condition(
     if spec is None:
         return _cond(ctype, None, Reason.UNKNOWN, "the spec is not valid")
     w, fabric = spec.warmup, spec.kv_transfer
-    if not (w.enabled and w.pair_check):
+    if not w.pair_checked:
         return _cond(ctype, None, Reason.PAIR_CHECK_DISABLED, "spec.warmup.pairCheck (or warmup) is off: P->D is "
                      "not verified before traffic")  # fmt: skip
     canary = f"re-proved every {w.canary_seconds} s (canary)" if w.canary_seconds else "canary off"

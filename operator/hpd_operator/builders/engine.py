@@ -216,8 +216,7 @@ def _engine_pod_spec(
 ) -> dict[str, Any]:
     rs = cr.spec.role(role)
     volumes, mounts = _engine_volumes(cr)
-    w = cr.spec.warmup
-    reports = role == "decode" and w.enabled and w.pair_check and group_role != contract.GROUP_WORKER
+    reports = role == "decode" and cr.spec.warmup.pair_checked and group_role != contract.GROUP_WORKER
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API. Only a decode that runs the pair check (a group's leader) gets a
         # token, of a ServiceAccount that may only create Events (its KV path report, build_kv_reporter_rbac).
@@ -383,8 +382,7 @@ def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generatio
 def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
     """ServiceAccount + Role (create Events in the namespace) + RoleBinding for the decode pods, which post their
     measured KV path as an Event on themselves (hpd_runtime/kube_events.py); none without the pair check."""
-    w = cr.spec.warmup
-    if not (w.enabled and w.pair_check):
+    if not cr.spec.warmup.pair_checked:
         return []
     name, ns = cr.metadata.name, cr.metadata.namespace
     rn = kv_reporter_name(name)
