@@ -49,6 +49,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1] / "images" / "runtime")]
+import isolation  # noqa: E402  (bench/gpu/isolation.py: the namespace topologies)
+
+from hpd_runtime import ucx_transport  # noqa: E402  (the runtime reads UCX protocol tables the same way)
+
 KIB = 1024
 MIB = 1024 * KIB
 
@@ -91,6 +97,17 @@ class Shape:
     @property
     def nbytes(self) -> int:
         return self.count * self.size
+
+
+def parse_concurrency(spec: str) -> list[int]:
+    """`1,4`: the numbers of transfers in flight at once, each a point of every shape."""
+    try:
+        out = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"concurrency {spec!r} is not a list of integers (e.g. 1,4)") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"concurrency {spec!r}: at least one number, each >= 1")
+    return out
 
 
 def parse_shape(spec: str) -> Shape:
@@ -274,20 +291,34 @@ def read_protocols(tables: Sequence[dict[str, Any]]) -> list[str]:
 
 
 # --- results -------------------------------------------------------------------------------------------------------
-def summarize_shape(shape: Shape, iters: list[dict[str, Any]], verified: bool) -> dict[str, Any]:
-    """One shape's record: every iteration (seconds, NIXL telemetry), the timed ones' median, GB/s (1e9 bytes/s of
-    payload), and whether every iteration's data matched."""
+def summarize_shape(shape: Shape, iters: list[dict[str, Any]], verified: bool, concurrency: int = 1) -> dict[str, Any]:
+    """One (shape, concurrency) point's record: every iteration (seconds, NIXL telemetry), the timed ones' median,
+    GB/s (1e9 bytes/s of payload), and whether every iteration's data matched. At concurrency N each iteration is N
+    transfers in flight at once: `gbps` is then the rate one transfer sees (its bytes over its own time from post to
+    DONE, median over every transfer of the timed iterations: what vLLM's per-transfer throughput reports), and
+    `aggregate_gbps` all N transfers' bytes over the iteration's wall time."""
     timed = [it for it in iters if not it.get("warmup")] or iters
     secs = [float(it["s"]) for it in timed]
-    med = statistics.median(secs) if secs else float("nan")
+    per = [float(x) for it in timed for x in it.get("per_transfer_s", [it["s"]])]
+    med = statistics.median(per) if per else float("nan")
     rec: dict[str, Any] = {
         "shape": shape.spec, "descriptors": shape.count, "descriptor_bytes": shape.size, "bytes": shape.nbytes,
-        "iterations": iters, "timed_iterations": len(timed), "ms": round(med * 1e3, 3) if secs else None,
-        "gbps": round(shape.nbytes / med / 1e9, 3) if secs and med > 0 else None,
-        "best_gbps": round(shape.nbytes / min(secs) / 1e9, 3) if secs and min(secs) > 0 else None,
+        "concurrency": concurrency, "iterations": iters, "timed_iterations": len(timed),
+        "ms": round(med * 1e3, 3) if per else None,
+        "gbps": round(shape.nbytes / med / 1e9, 3) if per and med > 0 else None,
+        "best_gbps": round(shape.nbytes / min(per) / 1e9, 3) if per and min(per) > 0 else None,
         "verified": verified,
     }  # fmt: skip
+    if concurrency > 1 and per:
+        ordered = sorted(per)
+        rec["p90_ms"] = round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3, 3)
+        wall = statistics.median(secs)
+        rec["aggregate_gbps"] = round(concurrency * shape.nbytes / wall / 1e9, 3) if wall > 0 else None
+        posts = [float(x) for it in timed for x in it.get("post_s", [])]
+        if posts:
+            rec["post_ms"] = {"median": round(statistics.median(posts) * 1e3, 3), "max": round(max(posts) * 1e3, 3)}
     tele = [it["telemetry"] for it in timed if it.get("telemetry")]
+    tele += [t for it in timed for t in it.get("telemetry_per_transfer", [])]
     if tele:
         xfer_us = statistics.median(t["xfer_us"] for t in tele)
         rec["nixl_telemetry"] = {"xfer_ms": round(xfer_us / 1e3, 3),
@@ -298,6 +329,8 @@ def summarize_shape(shape: Shape, iters: list[dict[str, Any]], verified: bool) -
 
 
 RESULT_KEYS = ("command", "date", "host", "copy", "variants", "shapes", "summary")
+SCHEMA_KEYS = ("setup", "command", "requests")
+"""Every result file since issue #43 (the fields tests/unit/test_bench_results.py checks)."""
 VARIANT_KEYS = ("name", "why", "env", "alloc", "op", "devices", "backend_params", "status", "shapes", "ucx")
 SHAPE_KEYS = ("shape", "descriptors", "descriptor_bytes", "bytes", "ms", "gbps", "verified")
 
@@ -309,11 +342,17 @@ def summary_table(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for v in result.get("variants", []):
         shapes = [s for s in v.get("shapes", []) if s.get("gbps")]
-        vllm = next((s for s in shapes if s["shape"] == "700x256k"), None)
+        vllm = next((s for s in shapes if s["shape"] == "700x256k" and s.get("concurrency", 1) == 1), None)
+        loaded = next((s for s in shapes if s["shape"] == "700x256k" and s.get("concurrency", 1) > 1), None)
         best = max(shapes, key=lambda s: s["gbps"], default=None)
         rows.append({
             "variant": v["name"], "status": v["status"],
             "gbps_700x256k": vllm["gbps"] if vllm else None,
+            **({"loaded": {"concurrency": loaded["concurrency"], "gbps_700x256k": loaded["gbps"],
+                           "aggregate_gbps": loaded.get("aggregate_gbps"), "p90_ms": loaded.get("p90_ms"),
+                           "of_idle": round(loaded["gbps"] / vllm["gbps"], 3) if vllm and vllm["gbps"] else None}}
+               if loaded and loaded.get("gbps") else {}),
+            "transport": v.get("transport"),
             "best_gbps": best["gbps"] if best else None, "best_shape": best["shape"] if best else None,
             "verified": bool(shapes) and all(s.get("verified") for s in v.get("shapes", [])),
             "fraction_of_d2d_copy": round(best["gbps"] / d2d, 4) if best and d2d else None,
@@ -492,12 +531,61 @@ def make_agent(role: str, v: Variant) -> Any:
     return nixl_agent(f"kvp-{role}", nixl_agent_config(num_threads=VLLM_NUM_THREADS, capture_telemetry=True))
 
 
+def identity() -> dict[str, Any]:
+    """The process as its peer would see it: pid (in its own PID namespace), uid/gid, the namespaces it is in."""
+    return {"pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "ns": isolation.namespaces(os.getpid())}
+
+
+def read_batch(agent: Any, lh: Any, rh: Any, groups: list[tuple[list[int], list[int]]], tag: str) -> dict[str, Any]:
+    """Post one READ per group back to back from this thread (vLLM's engine loop posts one per request of a step),
+    then poll them all until DONE: per transfer its post time (transfer() call) and its time from post to DONE."""
+    handles = [agent.make_prepped_xfer("READ", lh, li, rh, ri, notif_msg=f"{tag}-{j}".encode())
+               for j, (li, ri) in enumerate(groups)]  # fmt: skip
+    n = len(handles)
+    starts, posts, states = [0.0] * n, [0.0] * n, [""] * n
+    done: list[float | None] = [None] * n
+    t0 = time.perf_counter()
+    for j, h in enumerate(handles):
+        starts[j] = time.perf_counter()
+        states[j] = agent.transfer(h)
+        posts[j] = time.perf_counter() - starts[j]
+        if states[j] == "DONE":
+            done[j] = time.perf_counter()
+    while any(d is None for d in done):
+        for j, h in enumerate(handles):
+            if done[j] is None:
+                states[j] = agent.check_xfer_state(h)
+                if states[j] == "ERR":
+                    raise RuntimeError(f"{tag}: transfer {j} state ERR")
+                if states[j] == "DONE":
+                    done[j] = time.perf_counter()
+    ends = [float(d) for d in done if d is not None]
+    rec: dict[str, Any] = {"s": round(max(ends) - t0, 6),
+                           "per_transfer_s": [round(e - s0, 6) for e, s0 in zip(ends, starts, strict=True)],
+                           "post_s": [round(x, 6) for x in posts]}  # fmt: skip
+    tele = []
+    for h in handles:
+        with contextlib.suppress(Exception):
+            tel = agent.get_xfer_telemetry(h)
+            tele.append({"xfer_us": int(tel.xferDuration), "post_us": int(tel.postDuration),
+                         "total_bytes": int(tel.totalBytes), "desc_count": int(tel.descCount)})  # fmt: skip
+        agent.release_xfer_handle(h)
+    if n == 1:
+        if tele:
+            rec["telemetry"] = tele[0]
+        rec.pop("per_transfer_s")
+    elif tele:
+        rec["telemetry_per_transfer"] = tele
+    return rec
+
+
 def worker(args: argparse.Namespace) -> int:
     """One side of one variant. p: holds the source pattern; d: holds the destination, verifies. The initiator is
-    d for READ (vLLM 0.20) and p for WRITE."""
+    d for READ (vLLM 0.20) and p for WRITE. Every (shape, concurrency) point: concurrency N means N transfers of
+    the shape in flight at once (READ only), on disjoint destination blocks."""
     role, rdv = args.role, Path(args.rdv)
     v = VARIANTS_BY_NAME[args.variant]
-    shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    points = [(parse_shape(s), c) for s in args.shapes.split(",") for c in parse_concurrency(args.concurrency)]
     peer = "d" if role == "p" else "p"
     device = v.devices[0] if role == "p" else v.devices[1]
     region_bytes = args.region_mib * MIB
@@ -512,8 +600,9 @@ def worker(args: argparse.Namespace) -> int:
     reg = agent.get_reg_descs([(a, region_bytes, mem.device, "") for a in mem.addrs], mem.mem_type)
     agent.register_memory(reg)
     write_bytes_atomic(rdv / f"{role}.meta", agent.get_agent_metadata())
+    me = identity()
     write_json_atomic(rdv / f"{role}.json", {"addrs": mem.addrs, "device": mem.device, "mem": mem.info,
-                                             "setup_s": round(time.monotonic() - t0, 2)})  # fmt: skip
+                                             "setup_s": round(time.monotonic() - t0, 2), "identity": me})  # fmt: skip
     wait_for(rdv / f"{peer}.json", args.timeout)
     peer_info = json.loads((rdv / f"{peer}.json").read_text())
     peer_name = agent.add_remote_agent((rdv / f"{peer}.meta").read_bytes())
@@ -528,10 +617,15 @@ def worker(args: argparse.Namespace) -> int:
 
     def save_result() -> None:  # after every shape: a variant cut off by its timeout keeps what it measured
         write_json_atomic(rdv / "d.result.json", {"shapes": records, "notifs_received": notifs["n"],
-                                                  "peer_mem": peer_info.get("mem"), "mem": mem.info})  # fmt: skip
+                                                  "peer_mem": peer_info.get("mem"), "mem": mem.info,
+                                                  "identity": me, "peer_identity": peer_info.get("identity")})  # fmt: skip
 
-    for k, shape in enumerate(shapes):
-        layout = block_layout(shape, args.regions, region_bytes, args.seed + k)
+    for k, (shape, wanted) in enumerate(points):
+        conc = wanted if v.op == "READ" else 1
+        if v.op == "WRITE" and k and points[k - 1][0] == shape:
+            continue  # WRITE: one point per shape
+        both = Shape(shape.spec, shape.count * conc, shape.size)
+        layout = block_layout(both, args.regions, region_bytes, args.seed + k)
         nb = region_bytes // shape.size
         iters: list[dict[str, Any]] = []
         verified = True
@@ -550,33 +644,36 @@ def worker(args: argparse.Namespace) -> int:
             else:
                 li = [r * nb + b for r, b, _ in layout]
                 ri = [r * nb + d for r, _, d in layout]
+            n = shape.count
+            groups = [(li[j * n : (j + 1) * n], ri[j * n : (j + 1) * n]) for j in range(conc)]
             i = 0
             while i < n_iter:
                 if v.op == "READ":
                     mem.zero()
-                else:
-                    wait_for(rdv / f"go-{k}-{i}", args.timeout, idle)
-                h = agent.make_prepped_xfer(v.op, lh, li, rh, ri, notif_msg=f"kvp-{k}-{i}".encode())
-                t = time.perf_counter()
-                state = agent.transfer(h)
-                while state not in ("DONE", "ERR"):
-                    state = agent.check_xfer_state(h)
-                dt = time.perf_counter() - t
-                if state == "ERR":
-                    raise RuntimeError(f"{shape.spec}: transfer state ERR")
-                rec: dict[str, Any] = {"s": round(dt, 6), "warmup": i == 0}
-                with contextlib.suppress(Exception):
-                    tel = agent.get_xfer_telemetry(h)
-                    rec["telemetry"] = {"xfer_us": int(tel.xferDuration), "post_us": int(tel.postDuration),
-                                        "total_bytes": int(tel.totalBytes), "desc_count": int(tel.descCount)}  # fmt: skip
-                agent.release_xfer_handle(h)
-                if v.op == "READ":
-                    rec["verified"] = mem.verify(args.seed, shape, layout)
+                    rec = read_batch(agent, lh, rh, groups, f"kvp-{k}-{i}")
+                    rec["warmup"] = i == 0
+                    rec["verified"] = mem.verify(args.seed, both, layout)
                     verified = verified and rec["verified"]
                     iters.append(rec)
+                    dt = float(rec["s"])
                 else:
+                    wait_for(rdv / f"go-{k}-{i}", args.timeout, idle)
+                    h = agent.make_prepped_xfer(v.op, lh, li, rh, ri, notif_msg=f"kvp-{k}-{i}".encode())
+                    t = time.perf_counter()
+                    state = agent.transfer(h)
+                    while state not in ("DONE", "ERR"):
+                        state = agent.check_xfer_state(h)
+                    dt = time.perf_counter() - t
+                    if state == "ERR":
+                        raise RuntimeError(f"{shape.spec}: transfer state ERR")
+                    rec = {"s": round(dt, 6), "warmup": i == 0}
+                    with contextlib.suppress(Exception):
+                        tel = agent.get_xfer_telemetry(h)
+                        rec["telemetry"] = {"xfer_us": int(tel.xferDuration), "post_us": int(tel.postDuration),
+                                            "total_bytes": int(tel.totalBytes), "desc_count": int(tel.descCount)}  # fmt: skip
+                    agent.release_xfer_handle(h)
                     write_json_atomic(rdv / f"done-{k}-{i}", rec)
-                if i == 0 and dt > 0 and shape.nbytes / dt / 1e9 < SLOW_GBPS:
+                if i == 0 and dt > 0 and both.nbytes / dt / 1e9 < SLOW_GBPS:
                     n_iter = min(n_iter, 2)
                     if v.op == "WRITE":
                         write_json_atomic(rdv / f"iters-{k}", {"n": n_iter})
@@ -584,7 +681,7 @@ def worker(args: argparse.Namespace) -> int:
             agent.release_dlist_handle(lh)
             agent.release_dlist_handle(rh)
             if v.op == "READ":
-                records.append(summarize_shape(shape, iters, verified))
+                records.append(summarize_shape(shape, iters, verified, conc))
                 save_result()
         elif v.op == "WRITE":  # the decode side: zero, let prefill push, verify
             i = 0
@@ -770,14 +867,28 @@ def nixl_facts() -> dict[str, Any]:
     return out
 
 
-def spawn(role: str, v: Variant, args: argparse.Namespace, rdv: Path, shapes: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--rdv", str(rdv), "--variant", v.name,
-            "--shapes", shapes, "--iters", str(args.iters), "--regions", str(args.regions),
-            "--region-mib", str(args.region_mib), "--seed", str(args.seed), "--mem", args.mem,
-            "--timeout", str(args.timeout)]  # fmt: skip
+def worker_argv(
+    role: str, v: Variant, args: argparse.Namespace, rdv: Path, shapes: str, *, holder_pid: int | None = None
+) -> list[str]:
+    """One role's command line: the topology's namespace wrapper (isolation.role_prefix), then this script."""
+    own = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--rdv", str(rdv), "--variant", v.name,
+           "--shapes", shapes, "--iters", str(args.iters), "--regions", str(args.regions),
+           "--region-mib", str(args.region_mib), "--seed", str(args.seed), "--mem", args.mem,
+           "--timeout", str(args.timeout), "--concurrency", args.concurrency]  # fmt: skip
+    return [*isolation.role_prefix(args.topology, role, holder_pid, args.as_root), *own]
+
+
+def spawn(
+    role: str, v: Variant, args: argparse.Namespace, rdv: Path, shapes: str, *, holder_pid: int | None = None
+) -> subprocess.Popen[bytes]:
+    env = variant_env(v, dict(os.environ))
+    # a non-root role: its own writable HOME (CUDA's cache, torch's)
+    if isolation.TOPOLOGIES[args.topology].uids and not args.as_root:
+        env["HOME"] = str(rdv / f"home-{role}")
+        isolation.prepare_dirs([rdv / f"home-{role}"])
     with (rdv / f"{role}.log").open("wb") as fh:
-        return subprocess.Popen(argv, env=variant_env(v, dict(os.environ)), stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(worker_argv(role, v, args, rdv, shapes, holder_pid=holder_pid), env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
 def stop(p: subprocess.Popen[bytes]) -> None:
@@ -799,10 +910,11 @@ def run_variant(v: Variant, args: argparse.Namespace, work: Path, device_count: 
         return rec
     rdv = work / v.name
     shutil.rmtree(rdv, ignore_errors=True)  # a reused --workdir must not hand this run an earlier run's files
-    rdv.mkdir(parents=True)
+    isolation.prepare_dirs([work, rdv])
     logs = {r: rdv / f"{r}.log" for r in ("p", "d")}
     t0 = time.monotonic()
-    procs = {r: spawn(r, v, args, rdv, ",".join(shapes)) for r in ("p", "d")}
+    holder, holder_pid = isolation.start_holder() if args.topology == "pair" else (None, None)
+    procs = {r: spawn(r, v, args, rdv, ",".join(shapes), holder_pid=holder_pid) for r in ("p", "d")}
     deadline = t0 + args.timeout
     while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
         if any(p.poll() not in (None, 0) for p in procs.values()):
@@ -811,17 +923,27 @@ def run_variant(v: Variant, args: argparse.Namespace, work: Path, device_count: 
         time.sleep(0.05)
     for p in procs.values():
         stop(p)
+    if holder is not None:
+        isolation.stop_holder(holder)
     rec["seconds"] = round(time.monotonic() - t0, 1)
     rec["exit_codes"] = {r: p.returncode for r, p in procs.items()}
     texts = {r: logs[r].read_text(errors="replace") if logs[r].exists() else "" for r in logs}
     rec["ucx"] = {r: ucx_lines(texts[r]) for r in texts}
     rec["ucx"]["d_get_protocols"] = read_protocols(rec["ucx"]["d"]["get_put_protocols"])
+    # the transport, as the runtime reads it from decode's log (READ) or prefill's (WRITE)
+    choices = ucx_transport.choices_in(texts["d" if v.op == "READ" else "p"])
+    rec["transport"] = choices[-1].transport if choices else None
+    rec["transport_protocols"] = [c.describe() for c in choices]
     res_path = rdv / "d.result.json"
     if res_path.exists():
         res = json.loads(res_path.read_text())
         rec["shapes"] = res["shapes"]
         rec["memory"] = {"d": res.get("mem"), "p": res.get("peer_mem")}
         rec["notifs_received_by_d"] = res.get("notifs_received")
+        ids = {"d": res.get("identity"), "p": res.get("peer_identity")}
+        rec["roles"] = ids
+        if all(ids.values()):
+            rec["roles_share"] = {ns: ids["d"]["ns"].get(ns) == ids["p"]["ns"].get(ns) for ns in ids["d"]["ns"]}
     if any(c != 0 for c in rec["exit_codes"].values()) or not rec["shapes"]:
         rec["status"] = "failed" if rec["seconds"] < args.timeout else "timeout"
         rec["log_tail"] = {r: [ln[:300] for ln in texts[r].splitlines()[-25:]] for r in texts}
@@ -875,6 +997,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="gpu",
         help="gpu (the benchmark) or host (DRAM: a CPU self-check of the orchestration)",
     )
+    ap.add_argument(
+        "--topology",
+        choices=tuple(isolation.TOPOLOGIES),
+        default="host",
+        help="how the two roles are isolated (bench/gpu/isolation.py): host, pods, pair",
+    )
+    ap.add_argument(
+        "--concurrency",
+        default="1",
+        help="comma-separated: transfers in flight at once per point (READ variants), e.g. 1,4",
+    )
+    ap.add_argument("--as-root", action="store_true", help="keep the caller's uid in every topology")
     ap.add_argument("--no-copy", action="store_true", help="skip the copy limits")
     ap.add_argument("--fail-fast", action="store_true", help="stop once the first two variants run have failed")
     ap.add_argument("--list", action="store_true", help="print the variant table and exit")
@@ -895,11 +1029,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             ap.error(str(e))
     if args.iters < 1:
         ap.error("--iters must be >= 1")
+    try:
+        parse_concurrency(args.concurrency)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
     if args.role is None and not args.list and args.out is None:
         ap.error("--out is required")
     if args.variant is not None and args.variant not in VARIANTS_BY_NAME:
         ap.error(f"unknown variant {args.variant}")
     return args
+
+
+def machine_of(nvidia_smi: str) -> str:
+    """`nvidia-h200: 1x H200` from nvidia-smi's `index, name, ...` lines (the kind as the device tool names it)."""
+    names = [ln.split(",")[1].strip() for ln in nvidia_smi.splitlines() if ln.count(",") >= 2]
+    if not names:
+        return "not recorded (no GPU listed by nvidia-smi)"
+    n, short = len(names), names[0].removeprefix("NVIDIA ").strip()
+    kind = "nvidia-" + re.sub(r"[^a-z0-9]+", "-", short.lower()) + ("" if n == 1 else f"-x{n}")
+    return f"{kind}: {n}x {short}" + ("" if n == 1 else " (one host)")
+
+
+def setup_of(args: argparse.Namespace, variants: Sequence[Variant], host: dict[str, Any]) -> dict[str, Any]:
+    """The `setup` every result file carries (issue #43's schema, shared with tests/unit/test_bench_results.py)."""
+    t = isolation.TOPOLOGIES[args.topology]
+    devices = {tuple(v.devices) for v in variants}
+    p_gpu, d_gpu = sorted(devices)[0] if devices else (0, 0)
+    gpu = args.mem == "gpu"
+    return {
+        "machine": machine_of(str(host.get("nvidia_smi", ""))) if gpu else "cpu self-check (--mem host, no GPU)",
+        "model": "none (NIXL transfers of KV-shaped GPU buffers, no vLLM)", "vllm_version": None, "mode": None,
+        "gpus_per_role": {"prefill": [p_gpu], "decode": [d_gpu]} if gpu else {},
+        "roles_share_gpu": (len(devices) == 1 and p_gpu == d_gpu) if gpu else None,
+        "roles_share_pid_namespace": t.roles_share_pid_namespace,
+        "topology": {"name": t.name, "why": t.why, "roles_share_ipc_namespace": t.roles_share_ipc_namespace,
+                     "own_mount_namespace": t.own_mount_namespace,
+                     "uids": {"prefill": list(t.uids[0]), "decode": list(t.uids[1])}
+                     if t.uids and not args.as_root else None},
+    }  # fmt: skip
 
 
 def variant_table() -> list[dict[str, Any]]:
@@ -921,11 +1088,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kv-path-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
+        "setup": {},
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "requests": None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": {}, "copy": {}, "variants": [],
         "shapes": [asdict(parse_shape(s)) for s in args.shapes.split(",")],
         "settings": {"iters": args.iters, "regions": args.regions, "region_mib": args.region_mib, "mem": args.mem,
                      "base_env": BASE_ENV, "scrubbed_env": [*SCRUBBED_ENV_PREFIXES, *SCRUBBED_ENV],
+                     "topology": args.topology, "concurrency": parse_concurrency(args.concurrency),
                      "vllm_like_agent": f"nixl_agent_config(num_threads={VLLM_NUM_THREADS}, capture_telemetry=True)"},
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -936,6 +1106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result["host"] = host_facts() if args.mem == "gpu" else {"python": sys.version.split()[0], "nixl": nixl_facts()}
+        result["setup"] = setup_of(args, variants, result["host"])
         device_count = None
         if args.mem == "gpu" and not args.no_copy:
             result["copy"] = run_copy(args, work)

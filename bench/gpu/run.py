@@ -90,6 +90,9 @@ from typing import Any
 from hpd_runtime import contract, paircheck
 from hpd_runtime.gemm_warmup import LOG_PREFIX as GEMM_WARMUP_LINE
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import isolation  # bench/gpu/isolation.py: the namespace topologies (issue #43)
+
 HERE = Path(__file__).resolve().parent
 AUTOTUNE_LINE = "Triton autotuning for function"
 JIT_LINE = "Triton kernel JIT compilation during inference"
@@ -372,12 +375,28 @@ def prompt(rng: random.Random, n: int) -> list[int]:
 
 
 # --- processes ------------------------------------------------------------------------------------------------------
+TOPOLOGY: dict[str, Any] = {"name": "host", "holder": None, "holder_pid": None}
+"""How each role is isolated (bench/gpu/isolation.py; --topology): `host` (every role a process of this host, as
+before issue #43), `pods` (each its own PID, IPC and mount namespace) or `pair` (one PID and IPC namespace for all,
+each its own mount namespace). The roles keep this script's uid here (their caches are this script's directories);
+kv_path.py measures the uids' part (none: cuda_ipc works across uids 1000 and 1001 in one PID namespace)."""
+
+
+def isolated_argv(role: Role) -> list[str]:
+    """The role's argv behind the topology's namespace wrapper (the pair's namespace holder started once)."""
+    name = TOPOLOGY["name"]
+    if name == "pair" and TOPOLOGY["holder"] is None:
+        TOPOLOGY["holder"], TOPOLOGY["holder_pid"] = isolation.start_holder()
+    which = "p" if role.name.startswith("prefill") else "d"
+    return [*isolation.role_prefix(name, which, TOPOLOGY["holder_pid"], as_root=True), *role.argv]
+
+
 def start_role(role: Role, out: Path, tag: str, base_env: dict[str, str]) -> None:
     role.log = out / f"{tag}-{role.name}.log"
     role.t_start, role.t_health, role.t_ready = time.perf_counter(), None, None
     with role.log.open("ab") as fh:
-        role.proc = subprocess.Popen(role.argv, env={**base_env, **role.env}, stdout=fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
+        role.proc = subprocess.Popen(isolated_argv(role), env={**base_env, **role.env}, stdout=fh,
+                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
 def wait_kv_allocated(role: Role, deadline: float) -> None:
@@ -1376,6 +1395,10 @@ def run_step(
                              for n, r in roles.items()}  # fmt: skip
             res["pair_check_at_ready"] = [{k: e.get(k) for k in ("ok", "summary", "deltas", "seconds")}
                                           for e in runtime_events(roles["decode"], "pair_check")]  # fmt: skip
+            # what decode reports of its KV path (issue #43): the transport UCX chose and the measured rate
+            res["kv_path_reports"] = {ev: [{k: e.get(k) for k in ("report", "transport", "protocol", "config")}
+                                           for e in runtime_events(roles["decode"], ev)]
+                                      for ev in ("kv_transport", "kv_path")}  # fmt: skip
             router = Router(out, cr, base_env)
             res["first_request"] = first_request(served)
             res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
@@ -1442,10 +1465,13 @@ def main() -> int:
                     help=f"checked traffic after a decode restart or swap (default {AFTER_S} s)")  # fmt: skip
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="the whole plan's time: the decode steps' waits end by then (leave the teardown outside)")  # fmt: skip
+    ap.add_argument("--topology", choices=tuple(isolation.TOPOLOGIES), default="host",
+                    help="how each role is isolated (bench/gpu/isolation.py): host, pods, pair")  # fmt: skip
     ap.add_argument("--vllm-site", action="append", default=[], metavar="VERSION=DIR",
                     help="the vLLM build for CRs whose image tag is VERSION (repeatable)")  # fmt: skip
     args = ap.parse_args()
     args.t_end = time.perf_counter() + args.deadline_s if args.deadline_s else math.inf
+    TOPOLOGY["name"] = args.topology
     GPUS[:] = [int(g) for g in args.gpus.split(",")]
     shift_ports(args.port_offset)
     VLLM_SITES.update(dict(x.split("=", 1) for x in args.vllm_site))
@@ -1456,7 +1482,11 @@ def main() -> int:
     manifests = json.loads(args.rendered.read_text())["items"]
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "gpu": gpu_name(),
                               "lane": {"gpus": GPUS, "port_offset": args.port_offset, "vllm_sites": VLLM_SITES},
-                              "host_substitutions": HOST_SUBSTITUTIONS, "runs": {}}  # fmt: skip
+                              "host_substitutions": HOST_SUBSTITUTIONS, "runs": {},
+                              "topology": {"name": args.topology, "why": isolation.TOPOLOGIES[args.topology].why,
+                                           "roles_share_pid_namespace":
+                                               isolation.TOPOLOGIES[args.topology].roles_share_pid_namespace,
+                                           "uids": "this script's (root)"}}  # fmt: skip
     result = args.out / "result.json"
     try:
         for item in args.plan.split(","):
@@ -1465,6 +1495,8 @@ def main() -> int:
             result.write_text(json.dumps(report, indent=1))
     finally:  # also on SIGINT from an outer time limit: what ran so far is kept
         result.write_text(json.dumps(report, indent=1))
+        if TOPOLOGY["holder"] is not None:
+            isolation.stop_holder(TOPOLOGY["holder"])
     brief = {cr: brief_run(r) for cr, r in report["runs"].items()}
     print(json.dumps(brief)[:8000])
     return 0

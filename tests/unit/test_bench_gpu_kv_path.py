@@ -173,8 +173,8 @@ def test_summarize_shape_and_summary_table() -> None:
     rows = kv.summary_table(result)
     assert rows[0]["variant"] == "a" and rows[0]["gbps_700x256k"] == rec["gbps"] and rows[0]["verified"]
     assert rows[0]["fraction_of_d2d_copy"] == round(rec["gbps"] / 2000.0, 4)
-    assert rows[1] == {"variant": "b", "status": "failed", "gbps_700x256k": None, "best_gbps": None,
-                       "best_shape": None, "verified": False, "fraction_of_d2d_copy": None}  # fmt: skip
+    assert rows[1] == {"variant": "b", "status": "failed", "gbps_700x256k": None, "transport": None,
+                       "best_gbps": None, "best_shape": None, "verified": False, "fraction_of_d2d_copy": None}  # fmt: skip
 
 
 @pytest.mark.parametrize("path", RESULTS, ids=[p.name for p in RESULTS])
@@ -187,3 +187,66 @@ def test_committed_results_have_the_shape(path: Path) -> None:
         for s in v["shapes"]:
             assert set(kv.SHAPE_KEYS) <= set(s), (v["name"], s.get("shape"))
             assert s["verified"] is True, (v["name"], s["shape"])
+
+
+# --- issue #43: the roles isolated as pods, transfers in flight at once, the transport named ----------------------
+ISOLATED = sorted((REPO / "bench" / "results").glob("*-kv-path-isolation-*.json"))
+
+
+def test_concurrency_is_a_list_of_positive_counts() -> None:
+    assert kv.parse_concurrency("1,4") == [1, 4]
+    for bad in ("0", "a", ""):
+        with pytest.raises(SystemExit):
+            kv.parse_args(["--out", "x.json", "--concurrency", bad])
+
+
+def test_each_role_starts_behind_its_topologys_wrapper() -> None:
+    v = kv.VARIANTS_BY_NAME["get-zcopy"]
+    pods = kv.parse_args(["--out", "x.json", "--topology", "pods", "--concurrency", "1,4"])
+    argv = kv.worker_argv("d", v, pods, Path("/tmp/r"), "700x256k")
+    assert argv[:2] == ["unshare", "--pid"] and argv[argv.index("--concurrency") + 1] == "1,4"
+    assert "--reuid=1001" in argv and kv.worker_argv("d", v, kv.parse_args(["--out", "x"]), Path("/r"), "1x1k")[0] \
+        == sys.executable  # fmt: skip
+    pair = kv.parse_args(["--out", "x.json", "--topology", "pair", "--as-root"])
+    argv = kv.worker_argv("p", v, pair, Path("/tmp/r"), "700x256k", holder_pid=99)
+    assert argv[:2] == ["nsenter", "--target=99"] and "setpriv" not in argv
+
+
+def test_setup_says_whether_the_roles_shared_a_pid_namespace() -> None:
+    host = {"nvidia_smi": "0, NVIDIA H200, 580.159.04, 00000000:00:05.0"}
+    for topology, shared in (("host", True), ("pods", False), ("pair", True)):
+        args = kv.parse_args(["--out", "x.json", "--topology", topology])
+        s = kv.setup_of(args, [kv.VARIANTS_BY_NAME["default"]], host)
+        assert s["machine"] == "nvidia-h200: 1x H200" and s["roles_share_pid_namespace"] is shared
+        assert (s["gpus_per_role"], s["roles_share_gpu"], s["vllm_version"], s["mode"]) == (
+            {"prefill": [0], "decode": [0]}, True, None, None)  # fmt: skip
+        assert s["topology"]["name"] == topology
+
+
+def test_a_loaded_point_reports_the_rate_one_transfer_sees_and_the_aggregate() -> None:
+    shape = kv.parse_shape("700x256k")
+    it = {"s": 0.030, "per_transfer_s": [0.008, 0.015, 0.022, 0.029], "post_s": [0.007] * 4, "warmup": False}
+    rec = kv.summarize_shape(shape, [{**it, "warmup": True}, it, it], True, 4)
+    assert rec["concurrency"] == 4 and rec["timed_iterations"] == 2
+    assert rec["ms"] == 18.5  # the median of the 8 timed transfers' own times, post to DONE
+    assert rec["gbps"] == round(shape.nbytes / 0.0185 / 1e9, 3)
+    assert rec["aggregate_gbps"] == round(4 * shape.nbytes / 0.030 / 1e9, 3) and rec["p90_ms"] == 29.0
+    idle = kv.summarize_shape(shape, [{"s": 0.009, "warmup": False}], True)
+    row = kv.summary_table({"variants": [{"name": "x", "status": "ok", "transport": "cuda_ipc",
+                                          "shapes": [idle, rec]}]})[0]  # fmt: skip
+    assert row["gbps_700x256k"] == idle["gbps"] and row["transport"] == "cuda_ipc"
+    assert row["loaded"]["of_idle"] == round(rec["gbps"] / idle["gbps"], 3)
+
+
+@pytest.mark.parametrize("path", ISOLATED, ids=[p.name for p in ISOLATED])
+def test_isolated_results_carry_the_schema_the_topology_and_the_transport(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert set(kv.SCHEMA_KEYS) <= set(data) and data["requests"] is None
+    topology = data["setup"]["topology"]["name"]
+    assert path.stem.endswith(topology)
+    for v in data["variants"]:
+        shares = v["roles_share"]  # measured by the roles themselves, not assumed
+        assert shares["pid"] is data["setup"]["roles_share_pid_namespace"], v["name"]
+        assert v["transport"] in ("cuda_ipc", "tcp emulation"), v["name"]
+        if not shares["pid"]:  # separate PID namespaces: cuda_ipc unreachable, with or without the fix
+            assert v["transport"] == "tcp emulation"
