@@ -20,9 +20,10 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import IO
 
 from hpd_runtime import contract as c
-from hpd_runtime import group, triton_cache
+from hpd_runtime import group, triton_cache, ucx_transport
 from hpd_runtime.config import RuntimeConfig, arg_value, load_config
 from hpd_runtime.log import log_event
 from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState
@@ -146,6 +147,56 @@ def _make_cache_dirs(env: Mapping[str, str], applied: Mapping[str, str]) -> str 
     return None
 
 
+def transport_env(cfg: RuntimeConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """Decode (the NIXL reader) asks UCX to print its protocol tables, `UCX_PROTO_INFO=y`, unless the pod sets the
+    variable itself (`n` turns the report off). UCX prints each table once, when an operation first selects its
+    protocol: some 10-30 tables per process at start-up, nothing per request."""
+    if cfg.role != "decode" or cfg.worker or ucx_transport.PROTO_INFO_ENV in env:
+        return {}
+    return {ucx_transport.PROTO_INFO_ENV: "y"}
+
+
+def captures_ucx_transport(cfg: RuntimeConfig, env: Mapping[str, str]) -> bool:
+    """Decode reads UCX's protocol table from vLLM's stdout when UCX prints it (UCX_PROTO_INFO on): that table
+    names the transport its KV reads use (`ucx_transport`). Otherwise vLLM's stdout is the container's, untouched."""
+    return (
+        cfg.role == "decode"
+        and not cfg.worker
+        and ucx_transport.proto_info_enabled(env.get(ucx_transport.PROTO_INFO_ENV))
+    )
+
+
+def forward_output(
+    src: IO[bytes], dst: IO[bytes], on_choice: Callable[[ucx_transport.Choice], None]
+) -> ucx_transport.Watch:
+    """Copy vLLM's stdout to ours line by line (so the container log is unchanged) and feed each line to a
+    `ucx_transport.Watch`; `on_choice` gets every table of a remote read/write of GPU memory. Returns at EOF."""
+    watch = ucx_transport.Watch()
+    for raw in iter(src.readline, b""):
+        try:
+            dst.write(raw)
+            dst.flush()
+        except (OSError, ValueError):
+            pass  # our stdout closed: keep draining vLLM's, or it blocks on a full pipe
+        choice = watch.feed(raw.decode("utf-8", "replace"))
+        if choice is not None:
+            on_choice(choice)
+    last = watch.flush()
+    if last is not None:
+        on_choice(last)
+    return watch
+
+
+def report_transport(state: RuntimeState) -> Callable[[ucx_transport.Choice], None]:
+    def on_choice(choice: ucx_transport.Choice) -> None:
+        if state.kv_transport() != choice.transport:
+            log_event("kv_transport", transport=choice.transport, protocol=choice.protocol, config=choice.config,
+                      operation=choice.operation)  # fmt: skip
+        state.set_kv_transport(choice.transport)
+
+    return on_choice
+
+
 class Launcher:
     def __init__(self, vllm_args: Sequence[str], env: Mapping[str, str], resolver: Resolver = resolve_prefill) -> None:
         self.args = list(vllm_args)
@@ -215,6 +266,7 @@ class Launcher:
                 if k in self.env:
                     env[k] = self.env[k]
             applied = {}
+        env.update(transport_env(cfg, env))
         argv = vllm_argv(cfg, self.args)
         log_event(
             "launch",
@@ -234,11 +286,21 @@ class Launcher:
         try:
             if cfg.worker and not self._wait_for_leader(state):
                 return 128 + (self.stopped_by or signal.SIGTERM)
+            capture = captures_ucx_transport(cfg, env)
             try:
-                self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    argv, env=env, start_new_session=True, stdout=subprocess.PIPE if capture else None
+                )
             except OSError as e:
                 log_event("vllm_start_failed", level="error", argv=argv, error=str(e))
                 return 127
+            if capture and self.proc.stdout is not None:
+                threading.Thread(
+                    target=forward_output,
+                    args=(self.proc.stdout, sys.stdout.buffer, report_transport(state)),
+                    name="vllm-stdout",
+                    daemon=True,
+                ).start()
             if cfg.worker:
                 state.mark_warm(f"headless ranks running ({group_rank(self.args)}); the group's leader serves the API")
             else:

@@ -181,6 +181,7 @@ class RuntimeState:
         """Identifies this runtime process (= this vLLM process: `launch` exits with vLLM); decode peers poll it."""
         self._pair_fault: str | None = None
         self._kv_report: str | None = None
+        self._kv_transport: str | None = None
         self.draining = threading.Event()
         """Set by POST /drain (the preStop): not Ready from then on, whatever else holds."""
 
@@ -202,6 +203,16 @@ class RuntimeState:
     def kv_report(self) -> str | None:
         with self._lock:
             return self._kv_report
+
+    def set_kv_transport(self, transport: str | None) -> None:
+        """Decode: the transport UCX chose for the KV reads, from its protocol table in vLLM's output
+        (`ucx_transport`; the launcher reads it when UCX_PROTO_INFO is on), e.g. `cuda_ipc` or `tcp emulation`."""
+        with self._lock:
+            self._kv_transport = transport
+
+    def kv_transport(self) -> str | None:
+        with self._lock:
+            return self._kv_transport
 
     def set_phase(self, phase: str, reason: str) -> None:
         with self._lock:
