@@ -7,6 +7,7 @@ hack/setup.sh
 # Prometheus + promtool (Debian package) for tests/monitoring: installed once, never started as a service.
 hack/prometheus.sh >/dev/null
 hack/image-tools.sh  # buildah + mmdebstrap from Debian: the image tests build our images for real
+hack/real-node-tools.sh  # containerd, runc, CNI plugins, busybox-static from Debian: the real node's runtime
 hack/actionlint.sh >/dev/null  # the release workflow's linter, built once from its Go module
 # cyclonus, the NetworkPolicy evaluator of tests/cluster/test_network_policy.py, and LeaderWorkerSet (the multi-node
 # roles' tests/cluster/test_multi_node.py), each built once from its Go module

@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from hpd_devcluster import build, cluster, lws
+from hpd_devcluster import build, cluster, lws, realnode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--gpus-per-node", type=int, default=8)
     p_up.add_argument("--gpu-product", default="NVIDIA-H200", help="value of the nvidia.com/gpu.product label")
     p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a Ready cluster")
+    p_up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also a real node (kubelet + containerd + CNI bridge; root; hack/real-node-tools.sh installs its packages)",
+    )
     sub.add_parser("down", help="stop every process `up` started and delete the cluster's data")
     p_restart = sub.add_parser("restart", help="stop one process of the running cluster and start it again, same flags")
     p_restart.add_argument("process", choices=cluster.PROCESS_ORDER)
@@ -29,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p_build.add_argument(
         "--test-tools",
         action="store_true",
-        help="also the tests' tools (cyclonus, the NetworkPolicy evaluator; LeaderWorkerSet, for multi-node roles)",
+        help="also the tests' tools (cyclonus, the NetworkPolicy evaluator; LeaderWorkerSet, for multi-node roles; the "
+        "real node's kubelet and pause)",
     )
     args = parser.parse_args(argv)
 
@@ -40,11 +46,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.test_tools:
                 paths["cyclonus"] = str(build.ensure_cyclonus())
                 paths["lws"] = str(lws.ensure_built() / "lws-manager")
+                paths["kubelet"] = str(realnode.ensure_built() / "kubelet")
             print(json.dumps(paths, indent=2))
         elif args.command == "up":
             t0 = time.monotonic()
             pool = cluster.NodePool(count=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product)
             state = cluster.up(args.name, pool, timeout=args.timeout)
+            if args.real_node:
+                realnode.start(state, timeout=args.timeout)
+                print(f"real node {realnode.NODE_NAME!r} Ready (pods on {realnode.POD_CIDR})", file=sys.stderr)
             print(f"cluster {state.name!r} ready in {time.monotonic() - t0:.1f} s: {state.server}", file=sys.stderr)
             print(f"  kubeconfig: {state.kubeconfig}\n  logs: {state.logs}", file=sys.stderr)
         elif args.command == "down":

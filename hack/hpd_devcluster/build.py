@@ -130,11 +130,19 @@ def _install_atomically(built: Path, dest_dir: Path) -> None:
 
 
 def build_kubernetes(root: Path, logs: Path) -> None:
+    build_kubernetes_commands(
+        ("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
+        _paths(root).kube_apiserver.parent,
+        logs / f"kubernetes-v{versions.KUBERNETES}.log",
+    )
+
+
+def build_kubernetes_commands(cmds: tuple[str, ...], dest: Path, log: Path) -> None:
+    """Build `k8s.io/kubernetes/cmd/<c>` for each of `cmds` at versions.KUBERNETES into `dest` (replaced whole)."""
     ver = versions.KUBERNETES
     minor = ver.split(".")[1]
-    log = logs / f"kubernetes-v{ver}.log"
     log.unlink(missing_ok=True)
-    env = _go_env(root)
+    env = _go_env(dest)
     with tempfile.TemporaryDirectory(prefix="hpd-k8s-build-") as tmp:
         work = Path(tmp)
         _run(
@@ -165,7 +173,6 @@ def build_kubernetes(root: Path, logs: Path) -> None:
         if godebug:
             with (work / "go.mod").open("a") as fh:
                 fh.write("\n".join(godebug) + "\n")
-        cmds = ["kube-apiserver", "kube-controller-manager", "kube-scheduler"]
         (work / "tools.go").write_text(
             "//go:build tools\n\npackage tools\n\nimport (\n"
             + "".join(f'\t_ "k8s.io/kubernetes/cmd/{c}"\n' for c in cmds)
@@ -184,7 +191,7 @@ def build_kubernetes(root: Path, logs: Path) -> None:
         out = work / "out"
         out.mkdir()
         _run(
-            "kubernetes: go build kube-apiserver kube-controller-manager kube-scheduler",
+            f"kubernetes: go build {' '.join(cmds)}",
             [
                 "go",
                 "build",
@@ -199,7 +206,7 @@ def build_kubernetes(root: Path, logs: Path) -> None:
             log=log,
             env=env,
         )
-        _install_atomically(out, _paths(root).kube_apiserver.parent)
+        _install_atomically(out, dest)
 
 
 def build_etcd(root: Path, logs: Path) -> None:

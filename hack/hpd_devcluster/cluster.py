@@ -393,7 +393,11 @@ def _bring_up(state: ClusterState, bins: build.Binaries, pool: NodePool, deadlin
         "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         f"--proxy-client-cert-file={pk / 'front-proxy.crt'}", f"--proxy-client-key-file={pk / 'front-proxy.key'}",
-        "--endpoint-reconciler-type=none", "--profiling=false", "--v=1", *extra.get("kube-apiserver", ()),
+        "--endpoint-reconciler-type=none", "--profiling=false", "--v=1",
+        # The real node's kubelet (realnode.py), when one runs: reached on its Node's InternalIP (127.0.0.1).
+        f"--kubelet-client-certificate={pk / 'apiserver-kubelet.crt'}",
+        f"--kubelet-client-key={pk / 'apiserver-kubelet.key'}", "--kubelet-preferred-address-types=InternalIP",
+        *extra.get("kube-apiserver", ()),
     ])  # fmt: skip
     admin_ctx = _ssl_context(state)
     _wait("kube-apiserver /readyz", lambda: _url_ok(state.server + "/readyz", admin_ctx), deadline, state,
@@ -521,7 +525,10 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
 
     with contextlib.suppress(OSError, ClusterError, urllib.error.URLError):
         lws.stop(state)  # a LeaderWorkerSet controller the tests started on this cluster
-    stopped = stop(state)
+    from hpd_devcluster import realnode  # realnode imports this module
+
+    stopped_node = realnode.stop(state)  # before the apiserver: the kubelet deletes its pods through it
+    stopped = stopped_node + stop(state)
     shutil.rmtree(state.root / "etcd-data", ignore_errors=True)
     (state.root / "state.json").unlink(missing_ok=True)
     return stopped

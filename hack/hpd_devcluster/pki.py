@@ -41,6 +41,9 @@ CLIENTS = (
     # The aggregator's client cert towards extension apiservers (the metrics adapter): they trust the identity it
     # forwards in X-Remote-User only from this CN (--requestheader-allowed-names), as kubeadm's front-proxy-client.
     ClientCert("front-proxy", FRONT_PROXY_CN),
+    # The apiserver's client cert towards kubelets (logs, exec, port-forward on the real node), as kubeadm's
+    # apiserver-kubelet-client.
+    ClientCert("apiserver-kubelet", "kube-apiserver-kubelet-client", "system:masters"),
 )
 
 
