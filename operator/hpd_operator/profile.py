@@ -22,6 +22,7 @@ from typing import Final
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import role_name
+from hpd_operator.modelinfo import disk_plan
 from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
 from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, Settings
 from hpd_operator.validation import Validated
@@ -50,6 +51,8 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     chunk = _chunk_env(s, valid)
     fabric = _fabric_env(s, valid, role)
     devices, caps = _fabric_pod(s, valid)
+    _disk_pod(s, valid)
+    _image_pod(s, valid)
     env = side_channel + layout + _ucx_env(valid) + fabric + _runtime_env(valid, role) + chunk
     env += _warmup_env(valid, role) + drain_env(valid) + gemm + _user_env(valid) + _pod_env(valid, role)
     workers = worker_args(s, valid, role)
@@ -144,6 +147,32 @@ def _fabric_pod(s: Settings, valid: Validated) -> tuple[tuple[tuple[str, int], .
         "(the namespace must allow privileged pods)",
     )
     return ((rdma.resource_name, rdma.count),), (c.RDMA_CAPABILITY,)
+
+
+def _disk_pod(s: Settings, valid: Validated) -> None:
+    """Where the weights go and the node disk the pod may use (modelinfo.disk_plan; the builders write it)."""
+    disk, src = disk_plan(valid.spec), valid.spec.model.source
+    from_pvc = src is not None and src.pvc is not None
+    s.pod(
+        "weights", valid.model.path if from_pvc else f"{contract.CACHE_MOUNT}/{contract.HF_HOME_SUBDIR}", disk.weights
+    )
+    if disk.cache_size_limit is not None:
+        s.pod("volumes[cache].emptyDir.sizeLimit", disk.cache_size_limit, disk.reason)
+    s.pod("resources.requests[ephemeral-storage]", disk.ephemeral_storage,
+          "the emptyDirs on the node's disk (cache, /tmp, HOME): the scheduler picks a node with room for them")  # fmt: skip
+
+
+def _image_pod(s: Settings, valid: Validated) -> None:
+    """Whether the engine and router images are pinned by digest: a tag can move under a running CR, so the next pod
+    (a reschedule, a new replica) may run other code than its peers. Unpinned is allowed, and named here."""
+    spec = valid.spec
+    for setting, image in (("image", spec.image), ("router.image", spec.router.image)):
+        if image is None:
+            continue
+        pinned = "@sha256:" in image
+        s.pod(setting, image, "pinned by digest" if pinned else (
+            "NOT pinned by digest: a tag can move, so a new pod may run other code than its peers; pin it with "
+            "`<image>@sha256:...` (spec or the chart's images.*)"))  # fmt: skip
 
 
 def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from hpd_devcluster import images
+from hpd_runtime import contract
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,7 +76,7 @@ def vllm_report() -> dict[str, Any]:
 
 
 def test_operator_image_runs_the_operator_cli_as_uid_1000(operator_report: dict[str, Any]) -> None:
-    assert operator_report["uid"] == 1000 and operator_report["home"] == "/tmp"
+    assert operator_report["uid"] == contract.IMAGE_UID and operator_report["home"] == "/tmp"
     help_text = operator_report["commands"][0]["stdout"]
     assert "usage: hpd-operator" in help_text
     assert "run" in help_text and "render" in help_text
@@ -87,7 +88,7 @@ def test_operator_image_carries_the_operator_and_no_test_harness(operator_report
 
 
 def test_router_image_runs_vllm_router_0_1_17_as_uid_1000(router_report: dict[str, Any]) -> None:
-    assert router_report["uid"] == 1000
+    assert router_report["uid"] == contract.IMAGE_UID
     assert router_report["versions"]["vllm-router"] == "0.1.17"
     help_text = router_report["commands"][0]["stdout"]
     assert "--worker-urls" in help_text and "--policy" in help_text
@@ -96,14 +97,14 @@ def test_router_image_runs_vllm_router_0_1_17_as_uid_1000(router_report: dict[st
 def test_vllm_image_steps_install_nixl_and_the_runtime(vllm_report: dict[str, Any]) -> None:
     # The build ran the Dockerfile's own steps: pip install nixl==1.5.1 (resolved against the stand-in's torch
     # metadata, as on vLLM's image), our wheel with the runtime extra, `python3 -m hpd_runtime --help`, the user,
-    # /cache and HOME. Here they are checked again at run time, as uid 1000.
-    assert vllm_report["uid"] == 1000 and vllm_report["home"] == "/home/hpd"
+    # /cache and HOME. Here they are checked again at run time, as contract.IMAGE_UID.
+    assert vllm_report["uid"] == contract.IMAGE_UID and vllm_report["home"] == "/home/hpd"
     assert vllm_report["versions"]["nixl"] == "1.5.1"
     assert vllm_report["versions"]["hybrid-pd-operator"] == "0.1.0"
     assert vllm_report["modules"] == {"hpd_devcluster": False, "kopf": False, "hpd_runtime": True}
     runtime_help, cache, _ = vllm_report["commands"]
     assert "launch" in runtime_help["stdout"] and "readiness" in runtime_help["stdout"]
-    assert cache["stdout"] == "/cache\n"  # and uid 1000 could write to /cache and HOME (rc 0)
+    assert cache["stdout"] == "/cache\n"  # and the image uid could write to /cache and HOME (rc 0)
 
 
 def test_vllm_image_nixl_moves_bytes_over_ucx_without_a_gpu(vllm_report: dict[str, Any]) -> None:
@@ -137,7 +138,7 @@ def test_run_command_reaches_host_loopback_with_env_and_read_only_mounts(
 ) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    shared.chmod(0o777)  # writable for uid 1000 but for the read-only mount
+    shared.chmod(0o777)  # writable for the image uid but for the read-only mount
     (shared / "kubeconfig").write_text("apiVersion: v1\n")
     (shared / "kubeconfig").chmod(0o644)
     script = (

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hpd_operator.api.models import HybridPDDeployment
@@ -124,17 +125,20 @@ def test_engine_pod_contract() -> None:
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"], "add": []},
         "runAsNonRoot": True,
-        "runAsUser": 1000,
-        "runAsGroup": 1000,
+        "runAsUser": contract.IMAGE_UID,
+        "runAsGroup": contract.IMAGE_UID,
         "seccompProfile": {"type": "RuntimeDefault"},
+        "readOnlyRootFilesystem": True,
     }
+    assert contract.IMAGE_UID >= 10000  # above any account of the node (checkov CKV_K8S_40)
     pod = dep["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1000
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == contract.IMAGE_UID
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
     assert pod["automountServiceAccountToken"] is False
-    assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi"}
-    assert vols["cache"] == {"name": "cache", "emptyDir": {}}
+    # the seed's 31.6 B FP8 weights (32.4 GiB) + 10% while downloading + 10 GiB compile caches; + /tmp and HOME
+    assert vols["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "46Gi"}}
+    assert c["resources"]["requests"] == {"cpu": "4", "memory": "32Gi", "ephemeral-storage": "51Gi"}
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert dep["spec"]["selector"]["matchLabels"] == {
         contract.LABEL_INSTANCE: "nemotron-3-nano",
@@ -184,7 +188,8 @@ def test_pvc_model_hf_token_pvc_cache_and_user_pod_settings() -> None:
     assert c["args"][1] == "/models/nano"
     assert pod["nodeSelector"] == {"pool": "gpu"} and pod["tolerations"][0]["key"] == "gpu"
     assert c["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 2}
-    assert c["resources"]["requests"] == {"cpu": "4"}  # a memory limit implies its request: no default on top
+    # a memory limit implies its request: no default on top; the cache is a PVC: only /tmp and HOME on the node
+    assert c["resources"]["requests"] == {"cpu": "4", "ephemeral-storage": "5Gi"}
     assert pod["priorityClassName"] == "high" and c["imagePullPolicy"] == "Always"
     assert c["args"] and c["env"]  # merge by name kept our container
     md = dep["spec"]["template"]["metadata"]
@@ -223,6 +228,87 @@ def test_router_runs_nixl_pd_with_kubernetes_discovery() -> None:
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "nemotron-3-nano-router", "namespace": "ns1"}]
     svc = by(objs, "Service", "nemotron-3-nano")
     assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["ports"][0]["port"] == 8000
+
+
+def test_engines_run_read_only_with_emptydirs_where_they_write() -> None:
+    pod = by(build(seed_doc()), "Deployment", "nemotron-3-nano-decode")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {"/dev/shm": "dshm", "/cache": "cache", "/tmp": "tmp", "/home/hpd": "home"}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["tmp"]["emptyDir"] == {"sizeLimit": "4Gi"} and vols["home"]["emptyDir"] == {"sizeLimit": "1Gi"}
+    # every emptyDir on the node's disk is bounded (the memory-backed /dev/shm too)
+    assert all("sizeLimit" in v["emptyDir"] for v in pod["volumes"] if "emptyDir" in v)
+
+
+@pytest.mark.parametrize(
+    ("model", "cache", "size_limit", "ephemeral"),
+    [
+        ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", {}, "75Gi", "80Gi"),  # 59 GiB x 1.1 + 10
+        ("nvidia/Nemotron-H-8B-Base-8K", {}, "27Gi", "32Gi"),  # 15 GiB x 1.1 + 10
+        ("someone/unknown-model", {}, "110Gi", "115Gi"),  # size unknown: 100 GiB + 10
+        ("nvidia/Nemotron-H-8B-Base-8K", {"sizeLimit": "300Gi"}, "300Gi", "305Gi"),  # the user's bound wins
+    ],
+)
+def test_cache_size_limit_and_ephemeral_storage_follow_the_models_size(
+    model: str, cache: dict[str, Any], size_limit: str, ephemeral: str
+) -> None:
+    doc = seed_doc()
+    doc["spec"]["model"] = {"name": model, "hybrid": "mamba2"}
+    doc["spec"]["cache"] = cache
+    c_pod = by(build(doc), "Deployment", "nemotron-3-nano-prefill")["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in c_pod["volumes"]}
+    assert vols["cache"]["emptyDir"] == {"sizeLimit": size_limit}
+    assert c_pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == ephemeral
+
+
+def test_a_pvc_model_source_leaves_only_compile_caches_on_the_node_and_status_says_where_weights_are() -> None:
+    doc = seed_doc()
+    doc["spec"]["model"]["source"] = {"pvc": {"claimName": "weights", "path": "nano"}}
+    cr = cr_from(doc)
+    profile = compute_profile(validate(cr))
+    pod = by(build_all(cr, profile), "Deployment", "nemotron-3-nano-prefill")["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["cache"]["emptyDir"] == {"sizeLimit": "10Gi"}
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "15Gi"
+    injected = {i["setting"]: i for i in profile.status()["injections"] if i["role"] == "prefill"}
+    assert injected["weights"]["value"] == "/models/nano" and "PVC weights" in injected["weights"]["reason"]
+    seed = {i["setting"]: i for i in compute_profile(validate(cr_from(seed_doc()))).status()["injections"]}
+    assert seed["weights"]["value"] == "/cache/huggingface" and "emptyDir" in seed["weights"]["reason"]
+    assert seed["volumes[cache].emptyDir.sizeLimit"]["value"] == "46Gi"
+
+
+def test_a_user_ephemeral_storage_wins_over_the_default() -> None:
+    doc = seed_doc()
+    doc["spec"]["prefill"]["resources"] = {"requests": {"ephemeral-storage": "500Gi"}}
+    c = container(by(build(doc), "Deployment", "nemotron-3-nano-prefill"))
+    assert c["resources"]["requests"]["ephemeral-storage"] == "500Gi"
+    doc["spec"]["prefill"]["resources"] = {"limits": {"ephemeral-storage": "80Gi"}}
+    c = container(by(build(doc), "Deployment", "nemotron-3-nano-prefill"))
+    assert "ephemeral-storage" not in c["resources"]["requests"]  # a limit alone implies the same request
+
+
+def test_router_is_burstable_by_default_and_the_users_resources_replace_a_default_per_resource() -> None:
+    c = container(by(build(seed_doc()), "Deployment", "nemotron-3-nano-router"))
+    assert c["resources"] == {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+    doc = seed_doc()
+    doc["spec"]["router"]["resources"] = {"requests": {"memory": "1Gi"}}
+    c = container(by(build(doc), "Deployment", "nemotron-3-nano-router"))
+    # the user's memory request: no default memory limit below it; the cpu default stays
+    assert c["resources"] == {"requests": {"memory": "1Gi", "cpu": "250m"}, "limits": {}}
+
+
+def test_router_pdb_only_with_two_or_more_router_replicas() -> None:
+    assert not [
+        o for o in build(seed_doc()) if o["kind"] == "PodDisruptionBudget" and "router" in o["metadata"]["name"]
+    ]
+    doc = seed_doc()
+    doc["spec"]["router"]["replicas"] = 2
+    pdb = by(build(doc), "PodDisruptionBudget", "nemotron-3-nano-router")
+    dep = by(build(doc), "Deployment", "nemotron-3-nano-router")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
+    assert pdb["metadata"]["namespace"] == "ns1"
 
 
 def test_headless_services_list_only_ready_pods() -> None:
@@ -377,3 +463,17 @@ def test_the_rdma_fabric_gives_each_engine_its_devices_ipc_lock_and_decode_its_f
     tcp = container(by(build(seed_doc()), "Deployment", "nemotron-3-nano-decode"))
     assert "rdma/ib" not in tcp["resources"]["limits"] and tcp["securityContext"]["capabilities"]["add"] == []
     assert "HPD_KV_FLOOR_BYTES_PER_SECOND" not in env(tcp) and env(tcp)["HPD_CANARY_SECONDS"] == "300"
+
+
+def test_status_names_an_image_that_is_not_pinned_by_digest() -> None:
+    def injected(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {i["setting"]: i for i in compute_profile(validate(cr_from(doc))).status()["injections"]}
+
+    seed = injected(seed_doc())  # tags: allowed, and named
+    assert "NOT pinned" in seed["image"]["reason"] and "NOT pinned" in seed["router.image"]["reason"]
+    doc = seed_doc()
+    digest = "sha256:" + "0" * 64
+    doc["spec"]["image"] = f"registry.example.com/vllm-runtime@{digest}"
+    doc["spec"]["router"]["image"] = f"registry.example.com/vllm-router:0.1.17@{digest}"
+    pinned = injected(doc)
+    assert pinned["image"]["reason"] == pinned["router.image"]["reason"] == "pinned by digest"

@@ -87,12 +87,25 @@ ENV_DRAIN_PROPAGATION_SECONDS: Final = "HPD_DRAIN_PROPAGATION_SECONDS"
 DRAIN_TIMEOUT_SECONDS_DEFAULT: Final = 120
 DRAIN_PROPAGATION_SECONDS_DEFAULT: Final = 5
 
+# --- Image user ------------------------------------------------------------------------------------------------
+IMAGE_UID: Final = 10001
+"""The uid (gid 0) every image of ours runs as (images/*/Dockerfile `ARG UID`), and the pods' runAsUser: >= 10000,
+above any uid a node's own accounts use (checkov CKV_K8S_40), so a container breakout is not also a host user."""
+
 # --- Mount paths -----------------------------------------------------------------------------------------------
 CACHE_MOUNT: Final = "/cache"
 """Persistent compile/Triton cache volume; the runtime keys a subdirectory per model x vLLM x GPU x TP x role."""
 SHM_MOUNT: Final = "/dev/shm"
 MODEL_MOUNT: Final = "/models"
 """Where a PVC model source is mounted (the model path passed to vLLM is under it)."""
+HOME_MOUNT: Final = "/home/hpd"
+"""The vLLM image's HOME (an emptyDir: the root filesystem is read-only); what writes under it: vLLM's usage stats
+and config (~/.config/vllm), Triton's ~/.triton, any ~/.cache a library opens before `launch` points it at /cache."""
+TMP_MOUNT: Final = "/tmp"
+"""An emptyDir too: Python's tempfile, torch and Triton compile scratch, UCX/NIXL's temporary files."""
+HF_HOME_SUBDIR: Final = "huggingface"
+"""HF_HOME is CACHE_MOUNT/HF_HOME_SUBDIR (the vLLM image's ENV): weights downloaded from the Hub land in the cache
+volume."""
 
 # --- Env the operator sets on prefill/decode containers and the runtime reads ----------------------------------
 ENV_ROLE: Final = "HPD_ROLE"

@@ -22,7 +22,12 @@ from hpd_operator.builders.engine import (
 from hpd_operator.builders.lws import build_engine_group
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
-from hpd_operator.builders.router import build_router_deployment, build_router_rbac, build_router_service
+from hpd_operator.builders.router import (
+    build_router_deployment,
+    build_router_pdb,
+    build_router_rbac,
+    build_router_service,
+)
 from hpd_operator.generations import Plan, fresh_plan
 from hpd_operator.profile_model import Profile
 from hpd_operator.scaling import Bounds
@@ -69,6 +74,9 @@ def build_all(
     out += build_kv_reporter_rbac(cr)
     out.append(build_router_service(cr))
     out.append(build_router_deployment(cr, plan.route))
+    router_pdb = build_router_pdb(cr)
+    if router_pdb is not None:
+        out.append(router_pdb)
     out += build_pod_monitors(cr)
     out += build_network_policies(cr)
     out += build_autoscalers(cr, plan.route, bounds)

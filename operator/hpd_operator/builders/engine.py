@@ -28,6 +28,7 @@ from hpd_operator.builders.common import (
     metadata,
 )
 from hpd_operator.generations import Generation, hash_templates
+from hpd_operator.modelinfo import HOME_SIZE_LIMIT_GIB, TMP_SIZE_LIMIT_GIB, disk_plan
 from hpd_operator.profile import gemm_warmup_seconds
 from hpd_operator.profile_launch import drain_grace_seconds
 from hpd_operator.profile_model import Profile
@@ -37,8 +38,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "vllm"
 LAUNCH_COMMAND = ["python3", "-m", "hpd_runtime", "launch", "--"]
 """The image's ENTRYPOINT, written out so the pod spec shows exactly what runs."""
-RUN_AS_USER = 1000
-"""The UID our images run as (images/*/Dockerfile `ARG UID=1000`)."""
+RUN_AS_USER = contract.IMAGE_UID
+"""The UID our images run as (images/*/Dockerfile `ARG UID`)."""
 
 MODEL_LOAD_ALLOWANCE_SECONDS = 1800
 """Weights download/load + torch.compile + CUDA graphs before the warmup starts (a 30B FP8 model from HF, cold)."""
@@ -56,6 +57,9 @@ few GiB; unbounded, a runaway writer could fill the node's memory. Override the 
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "cache"
 MODEL_VOLUME = "model"
+TMP_VOLUME = "tmp"
+HOME_VOLUME = "home"
+EPHEMERAL_STORAGE = "ephemeral-storage"
 
 
 def startup_failure_threshold(warmup_timeout_seconds: int, gemm_warmup_seconds: int = 0) -> int:
@@ -64,9 +68,13 @@ def startup_failure_threshold(warmup_timeout_seconds: int, gemm_warmup_seconds: 
     return math.ceil(total / STARTUP_PERIOD_SECONDS)
 
 
-def _resources(res: ResourceRequirements | None, tp: int, devices: tuple[tuple[str, int], ...] = ()) -> dict[str, Any]:
+def _resources(
+    res: ResourceRequirements | None, tp: int, devices: tuple[tuple[str, int], ...] = (), ephemeral: str | None = None
+) -> dict[str, Any]:
     """The user's resources, the GPUs for TP and the fabric's devices (extended resources: limits only, which the
-    apiserver copies into requests)."""
+    apiserver copies into requests), and `ephemeral`: the ephemeral-storage request of the pod's emptyDirs on the
+    node's disk (modelinfo.disk_plan) unless the user names ephemeral-storage, so the scheduler places the weights'
+    download on a node with room for it."""
     limits: dict[str, Any] = dict(res.limits or {}) if res else {}
     requests: dict[str, Any] = dict(res.requests or {}) if res else {}
     limits.setdefault(GPU_RESOURCE, tp)
@@ -77,6 +85,8 @@ def _resources(res: ResourceRequirements | None, tp: int, devices: tuple[tuple[s
     for k, v in DEFAULT_REQUESTS.items():
         if k not in limits:  # a limit alone implies the same request; never request more than the limit
             requests.setdefault(k, v)
+    if ephemeral is not None and EPHEMERAL_STORAGE not in limits:
+        requests.setdefault(EPHEMERAL_STORAGE, ephemeral)
     return {"limits": limits, "requests": requests}
 
 
@@ -270,16 +280,17 @@ def _engine_container(
                 "protocol": "TCP",
             },
         ],
-        "resources": _resources(rs.resources, rp.gpus_per_pod, rp.devices),
+        "resources": _resources(rs.resources, rp.gpus_per_pod, rp.devices, disk_plan(spec).ephemeral_storage),
         "volumeMounts": mounts,
         "startupProbe": _exec_probe(STARTUP_PERIOD_SECONDS, startup_threshold),
         "readinessProbe": _exec_probe(5, 3),
         "livenessProbe": _probe(contract.PATH_LIVEZ, 10, 6),
         # A leaving pod stops new work and finishes what it holds before SIGTERM (hpd_runtime.drain).
         "lifecycle": {"preStop": {"exec": {"command": list(contract.DRAIN_COMMAND)}}},
-        # the fabric's capabilities (rdma: IPC_LOCK) are the only ones added; an empty list takes any other back
+        # the fabric's capabilities (rdma: IPC_LOCK) are the only ones added; an empty list takes any other back.
+        # Read-only root: what vLLM, torch, Triton, FlashInfer and UCX write goes to /cache, /tmp, HOME, /dev/shm.
         "securityContext": container_security_context(
-            RUN_AS_USER, capabilities={"drop": ["ALL"], "add": list(rp.capabilities)}
+            RUN_AS_USER, capabilities={"drop": ["ALL"], "add": list(rp.capabilities)}, readOnlyRootFilesystem=True
         ),
     }
 
@@ -300,21 +311,26 @@ def _engine_env(
 
 
 def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, the vllm container's mounts): /dev/shm, the compile cache, the model's PVC if it comes from one."""
+    """(volumes, the vllm container's mounts): /dev/shm, the compile cache (and the Hub's weights, HF_HOME; its
+    sizeLimit from modelinfo.disk_plan), /tmp and HOME (the root filesystem is read-only), the model's PVC if it
+    comes from one."""
     spec, src = cr.spec, cr.spec.model.source
     mounts: list[dict[str, Any]] = [
         {"name": SHM_VOLUME, "mountPath": contract.SHM_MOUNT},
         {"name": CACHE_VOLUME, "mountPath": contract.CACHE_MOUNT},
+        {"name": TMP_VOLUME, "mountPath": contract.TMP_MOUNT},
+        {"name": HOME_VOLUME, "mountPath": contract.HOME_MOUNT},
     ]
     cache: dict[str, Any]
-    if spec.cache.type == "pvc" and spec.cache.claim_name:
+    disk = disk_plan(spec)
+    if disk.cache_size_limit is None and spec.cache.claim_name:
         cache = {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": spec.cache.claim_name}}
     else:
-        cache = {"name": CACHE_VOLUME, "emptyDir": {}}
-        if spec.cache.size_limit is not None:
-            cache["emptyDir"]["sizeLimit"] = spec.cache.size_limit
+        cache = {"name": CACHE_VOLUME, "emptyDir": {"sizeLimit": disk.cache_size_limit}}
     shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}
-    volumes: list[dict[str, Any]] = [shm, cache]
+    tmp = {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": f"{TMP_SIZE_LIMIT_GIB}Gi"}}
+    home = {"name": HOME_VOLUME, "emptyDir": {"sizeLimit": f"{HOME_SIZE_LIMIT_GIB}Gi"}}
+    volumes: list[dict[str, Any]] = [shm, cache, tmp, home]
     if src is not None and src.pvc is not None:
         volumes.append(
             {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": src.pvc.claim_name, "readOnly": True}}
