@@ -47,6 +47,11 @@ def test_default_render_is_a_cluster_scoped_operator_with_its_crd(helm: Helm) ->
             "Deployment",
             "ValidatingAdmissionPolicy",  # admission.checkSecretReferences
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # rbac.fence (on by default)
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",  # rbac.fence's warning on a CR in a namespace that did not opt in
+            "ValidatingAdmissionPolicyBinding",
+            "NetworkPolicy",  # networkPolicy: the operator pod's ingress
         ]
     )
     dep = find(docs, "Deployment", "hpd-hybrid-pd-operator")
@@ -147,7 +152,9 @@ def test_crds_disabled_and_rbac_off_render_no_crd_and_no_rbac(helm: Helm) -> Non
     docs = helm.template(
         "--set", "crds.enabled=false", "--set", "rbac.create=false", "--set", "admission.checkSecretReferences=false"
     )  # fmt: skip
-    assert kinds(docs) == ["Deployment", "Service", "ServiceAccount"]
+    # the fence is admission, not RBAC: it stays (rules granted by hand reach as far as the chart's would)
+    fence = ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
+    assert kinds(docs) == sorted(["Deployment", "NetworkPolicy", "Service", "ServiceAccount", *fence])
 
 
 def test_chart_crd_is_the_generated_crd_plus_labels_and_keep(helm: Helm) -> None:
@@ -201,3 +208,16 @@ def test_template_refuses_equal_liveness_and_metrics_ports(helm: Helm, ports: tu
         f"operator.metricsPort={ports[1]}", check=False,
     )  # fmt: skip
     assert p.returncode != 0 and "operator.livenessPort and operator.metricsPort must differ" in p.stderr
+
+
+def test_the_operator_pods_network_policy_admits_only_its_metrics_port(helm: Helm) -> None:
+    np = find(helm.template(), "NetworkPolicy", "hpd-hybrid-pd-operator")
+    dep = find(helm.template(), "Deployment", "hpd-hybrid-pd-operator")
+    assert np["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    assert np["spec"]["ingress"] == [{"ports": [{"port": 9090, "protocol": "TCP"}]}]  # from anywhere, nothing else
+    docs = helm.template("-f", str(CHART / "ci" / "all-toggles-values.yaml"))
+    rules = find(docs, "NetworkPolicy", "hpd-op")["spec"]["ingress"]
+    assert [r["ports"][0]["port"] for r in rules] == [9091, 8081]
+    assert rules[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert not [d for d in helm.template("--set", "networkPolicy.enabled=false") if d["kind"] == "NetworkPolicy"]

@@ -27,6 +27,7 @@ from hpd_devcluster.testing import wait_for
 
 from .conftest import OperatorProcess, free_port
 from .helmkit import CHART, REPO, Helm, sa_kubeconfig
+from .test_rbac_proof import opt_in
 
 RELEASE, RELEASE_NS = "hpd", "hpd-system"
 SEED = REPO / "examples" / "nemotron-3-nano.yaml"
@@ -153,6 +154,7 @@ def test_a_cr_applied_right_after_helm_install_is_ready_without_waiting(
         align_admission_discovery(api, kubeconfig, tmp_path)
         # From here on the clock of the apiserver's next rebuild runs (< 30 s): install, start, apply without delay.
         helm.run("install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace", kubeconfig=kubeconfig)
+        opt_in(api, "default")  # the default install's rbac.fence: the operator writes only where a namespace opted in
         wait_for(lambda: _established(client.ApiextensionsV1Api(api), "hybridpddeployments.hybridpd.io"), 30,
                  what="the chart's CRD Established")  # fmt: skip
         op = start_local_operator(kubeconfig, tmp_path, operator_logs)

@@ -1,12 +1,15 @@
-"""rbac.fence (issue #32 item 6): with the default cluster scope the operator's token may write Deployments and
-RoleBindings in every namespace, kube-system included; the chart's opt-in ValidatingAdmissionPolicy confines it to
-namespaces labelled hybridpd.io/operator-writes=allowed, and there to objects a HybridPDDeployment owns.
+"""rbac.fence (issue #32 item 6, on by default since issue #39): with the default cluster scope the operator's
+ClusterRole reaches every namespace, kube-system included; the chart's ValidatingAdmissionPolicy confines its token to
+namespaces labelled hybridpd.io/operator-writes=allowed, and there to objects a HybridPDDeployment owns. Where a
+namespace did not opt in, the token may still write a CR's status and Events about the CR (so a CR kept out can say
+why), and creating a CR there warns its author.
 
-Proven on the local control plane with the chart's ServiceAccount token (TokenRequest, as in its pod): before the
-fence the token creates a Deployment in an unlabelled namespace and a RoleBinding in kube-system; after `helm
-upgrade --set rbac.fence.enabled=true` it cannot, nor touch a labelled namespace's other workloads, while the
-operator, run from its built image as that ServiceAccount, still reconciles a CR there end to end (tests/chart/
-test_rbac_proof.py's proof: create, update, delete, no 403)."""
+Proven on the local control plane with the chart's ServiceAccount token (TokenRequest, as in its pod): with the
+DEFAULT install the token cannot create a Deployment, a RoleBinding or a ServiceAccount in kube-system or in a
+namespace that did not opt in, nor touch a labelled namespace's other workloads, while the operator, run from its built
+image as that ServiceAccount, still reconciles a CR in the labelled namespace end to end (tests/chart/
+test_rbac_proof.py's proof: create, update, delete, no 403); `helm upgrade --set rbac.fence.enabled=false` (the
+explicit opt-out) gives the ClusterRole's reach back, which shows the refusals came from the fence."""
 
 from __future__ import annotations
 
@@ -28,11 +31,8 @@ __all__ = ["leaderworkerset_crd", "podmonitor_crd"]  # the proof's autouse fixtu
 LABEL = ("hybridpd.io/operator-writes", "allowed")
 
 
-def test_the_fence_is_opt_in_and_names_the_operator_and_the_label(helm: Helm) -> None:
-    assert not [
-        d for d in helm.template() if d["kind"] == "ValidatingAdmissionPolicy" and "fence" in d["metadata"]["name"]
-    ]
-    docs = helm.template("--set", "rbac.fence.enabled=true")
+def test_the_fence_is_on_by_default_names_the_operator_and_the_label_and_can_be_turned_off(helm: Helm) -> None:
+    docs = helm.template()
     vap = find(docs, "ValidatingAdmissionPolicy", "hpd-hybrid-pd-operator-fence")
     (cond,) = vap["spec"]["matchConditions"]
     assert (
@@ -40,6 +40,12 @@ def test_the_fence_is_opt_in_and_names_the_operator_and_the_label(helm: Helm) ->
     )
     assert "'hybridpd.io/operator-writes'" in vap["spec"]["variables"][0]["expression"]
     assert vap["spec"]["failurePolicy"] == "Fail"
+    warn = find(docs, "ValidatingAdmissionPolicyBinding", "hpd-hybrid-pd-operator-opt-in")
+    assert warn["spec"]["validationActions"] == ["Warn"]
+    off = helm.template("--set", "rbac.fence.enabled=false")
+    assert not [
+        d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy") and "fence" in d["metadata"]["name"]
+    ]
 
 
 def sa_api(kubeconfig: Path) -> client.ApiClient:
@@ -83,40 +89,78 @@ def outcome(call: Callable[[], object]) -> str:
     return "ok"
 
 
+def service_account(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}}
+
+
+def event_about(kind: str, name: str, ns: str) -> dict[str, Any]:
+    """A core/v1 Event whose subject is `kind` `name` (what report.event posts about a CR)."""
+    ref = {"apiVersion": "hybridpd.io/v1alpha1" if kind == "HybridPDDeployment" else "v1", "kind": kind, "name": name,
+           "namespace": ns}  # fmt: skip
+    return {"metadata": {"name": f"{name}.fence", "namespace": ns}, "involvedObject": ref, "reason": "NotOptedIn",
+            "message": "namespace not opted in", "type": "Warning", "source": {"component": "hybrid-pd-operator"}}  # fmt: skip
+
+
+def refused_writes(sa: client.ApiClient, ns: str, own_role: str) -> dict[str, str]:
+    """What the operator's token gets for a Deployment, a RoleBinding and a ServiceAccount in `ns` (dry run)."""
+    apps, rbac, core = client.AppsV1Api(sa), client.RbacAuthorizationV1Api(sa), client.CoreV1Api(sa)
+    dry = {"dry_run": "All"}
+    return {
+        "deployment": outcome(lambda: apps.create_namespaced_deployment(ns, deployment("stray"), **dry)),
+        "rolebinding": outcome(lambda: rbac.create_namespaced_role_binding(ns, rolebinding("x", own_role), **dry)),
+        "serviceaccount": outcome(lambda: core.create_namespaced_service_account(ns, service_account("x"), **dry)),
+    }
+
+
 @pytest.mark.cluster
-def test_the_fence_confines_the_operators_token_and_the_operator_still_works_behind_it(k8s: Cluster) -> None:
+def test_the_default_install_confines_the_operators_token_and_the_operator_still_works_behind_it(k8s: Cluster) -> None:
     rel, work, elsewhere = k8s.make_namespace("hpd-system"), k8s.make_namespace("models"), k8s.make_namespace("other")
     release = "hpd"
     adopt_crd(k8s.helm, k8s.kubeconfig, release, rel)
-    # cluster scope (the ClusterRole the fence is for); the operator watches `work` only, so CRs that other tests
+    # the default install (cluster scope, the fence on); the operator watches `work` only, so CRs that other tests
     # leave in unlabelled namespaces cannot make it hit the fence (a 403 fails the proof)
     sets = ["--set", "operator.resyncSeconds=2", "--set", f"watchNamespaces[0]={work}"]
     k8s.helm.run("install", release, str(CHART), "-n", rel, *sets, kubeconfig=k8s.kubeconfig)
     try:
         sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
-        apps, rbac = client.AppsV1Api(sa_api(sa_kc)), client.RbacAuthorizationV1Api(sa_api(sa_kc))
+        sa = sa_api(sa_kc)
+        apps, core = client.AppsV1Api(sa), client.CoreV1Api(sa)
         dry = {"dry_run": "All"}
         own_role = f"{release}-hybrid-pd-operator"
-
-        # Without the fence: the token writes anywhere its ClusterRole reaches (what the README now says plainly).
-        assert outcome(lambda: apps.create_namespaced_deployment(elsewhere, deployment("stray"), **dry)) == "ok"
-        assert (
-            outcome(lambda: rbac.create_namespaced_role_binding("kube-system", rolebinding("x", own_role), **dry))
-            == "ok"
-        )
-
-        k8s.helm.run("upgrade", release, str(CHART), "-n", rel, *sets, "--set", "rbac.fence.enabled=true",
-                     kubeconfig=k8s.kubeconfig)  # fmt: skip
         client.CoreV1Api(k8s.api).patch_namespace(work, {"metadata": {"labels": dict([LABEL])}})
 
-        def refused_elsewhere() -> str | None:
-            got = outcome(lambda: apps.create_namespaced_deployment(elsewhere, deployment("stray"), **dry))
-            return got if got != "ok" else None
+        def all_refused(ns: str) -> dict[str, str] | None:  # a new policy takes a moment to be enforced
+            got = refused_writes(sa, ns, own_role)
+            return got if all(v.startswith("403 ") for v in got.values()) else None
 
-        refusal = wait_for(refused_elsewhere, 30, what="the fence enforced")
-        assert refusal.startswith("403 ") and f"namespace {elsewhere} is not" in refusal, refusal
-        got = outcome(lambda: rbac.create_namespaced_role_binding("kube-system", rolebinding("x", own_role), **dry))
+        for ns in ("kube-system", elsewhere):
+            got = wait_for(lambda ns=ns: all_refused(ns), 30, what=f"the fence enforced in {ns}")
+            for kind, refusal in got.items():
+                assert "rbac.fence" in refusal and f"namespace {ns} is not" in refusal, (ns, kind, refusal)
+
+        # Where the namespace did not opt in, the CR's author is warned at once, and the operator may still explain:
+        # the CR's status and an Event about it pass, an Event about anything else does not.
+        co = client.CustomObjectsApi(k8s.api)
+        cr = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "metadata": {"name": "kept-out"},
+              "spec": {"model": {"name": "x/y", "hybrid": "none"}}}  # fmt: skip
+        _, _, headers = co.create_namespaced_custom_object_with_http_info(
+            "hybridpd.io", "v1alpha1", elsewhere, "hybridpddeployments", cr
+        )
+        warning = headers.get("Warning", "")
+        assert f"namespace {elsewhere} is not labelled hybridpd.io/operator-writes=allowed" in warning, headers
+        sa_co = client.CustomObjectsApi(sa)
+        status = {"status": {"phase": "Failed"}}
+        got = outcome(lambda: sa_co.patch_namespaced_custom_object_status(
+            "hybridpd.io", "v1alpha1", elsewhere, "hybridpddeployments", "kept-out", status, dry_run="All"))  # fmt: skip
+        assert got == "ok", got
+        ev = event_about("HybridPDDeployment", "kept-out", elsewhere)
+        assert outcome(lambda: core.create_namespaced_event(elsewhere, ev, **dry)) == "ok"
+        got = outcome(lambda: core.create_namespaced_event(elsewhere, event_about("Pod", "x", elsewhere), **dry))
         assert got.startswith("403 ") and "rbac.fence" in got, got
+        got = outcome(
+            lambda: core.create_namespaced_event("kube-system", event_about("Pod", "x", "kube-system"), **dry)
+        )
+        assert got.startswith("403 "), got
 
         # Inside the labelled namespace: nothing that no HybridPDDeployment owns, created or changed.
         got = outcome(lambda: apps.create_namespaced_deployment(work, deployment("stray"), **dry))
@@ -132,5 +176,17 @@ def test_the_fence_confines_the_operators_token_and_the_operator_still_works_beh
         op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))
         prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
         assert admin_apps.read_namespaced_deployment("theirs", work).spec.replicas == 0
+        op.stop()
+
+        # The explicit opt-out: the ClusterRole's reach comes back (so the refusals above were the fence's).
+        k8s.helm.run("upgrade", release, str(CHART), "-n", rel, *sets, "--set", "rbac.fence.enabled=false",
+                     kubeconfig=k8s.kubeconfig)  # fmt: skip
+
+        def allowed_elsewhere() -> dict[str, str] | None:
+            got = refused_writes(sa, elsewhere, own_role)
+            return got if all(v == "ok" for v in got.values()) else None
+
+        wait_for(allowed_elsewhere, 30, what="the fence lifted (rbac.fence.enabled=false)")
+        assert all(v == "ok" for v in refused_writes(sa, "kube-system", own_role).values())
     finally:
         k8s.helm.run("uninstall", release, "-n", rel, kubeconfig=k8s.kubeconfig, check=False)

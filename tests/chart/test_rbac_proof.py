@@ -85,6 +85,18 @@ def install(k8s: Cluster, release: str, ns: str, *, scope: str, watch: list[str]
         sets += ["--set", f"watchNamespaces[{i}]={w}"]
     # No --wait: the proof needs the ServiceAccount and RBAC (created synchronously), not the (kwok) operator pod.
     helm.run("install", release, str(CHART), "-n", ns, *sets, kubeconfig=kubeconfig)
+    # rbac.fence is on by default: the operator writes only where a namespace admin opted in (test_rbac_fence.py)
+    for w in watch:
+        opt_in(k8s.api, w)
+
+
+FENCE_LABEL = ("hybridpd.io/operator-writes", "allowed")
+"""The chart's default rbac.fence label (values.yaml)."""
+
+
+def opt_in(api: client.ApiClient, ns: str) -> None:
+    """Label `ns` so the default install's fence lets the operator write there (what a namespace admin does)."""
+    client.CoreV1Api(api).patch_namespace(ns, {"metadata": {"labels": dict([FENCE_LABEL])}})
 
 
 def chart_args(api: client.ApiClient, release: str, ns: str) -> list[str]:
@@ -325,6 +337,7 @@ def test_operator_as_the_chart_service_account_reconciles_updates_and_deletes(sc
     release = "hpd"
     # cluster: every namespace (no --namespace); namespace: a Role in `work` only, the operator in `rel`.
     install(k8s, release, rel, scope=scope, watch=[] if scope == "cluster" else [work])
+    opt_in(k8s.api, work)
     args = chart_args(k8s.api, release, rel)
     assert ("--namespace=" + work in args) == (scope == "namespace")
     sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
