@@ -621,3 +621,43 @@ def stop(state: cluster.ClusterState) -> list[str]:
     if _owner_file().exists() and _owner_file().read_text().strip() == state.name:
         _owner_file().unlink()
     return stopped
+
+
+# --- the engine stand-in (test-only image variant) ---------------------------------------------------------------
+
+STANDIN_SOURCES = ("tests/runtime/fake_vllm.py", "tests/runtime/vllm_metrics.py")
+"""The runtime tests' vLLM stand-in; copied into a test-only variant of the vllm image, never into a release image."""
+STANDIN_DIR = "/opt/hpd-test-standin"
+STANDIN_REPO = "localhost/hpd-vllm-test-standin"
+
+
+def ensure_engine_standin() -> tuple[str, Path]:
+    """The vllm image (images.ensure_image("vllm"): hpd_runtime launch, warmup, probes, drain as released) with
+    HPD_VLLM_COMMAND pointing at the runtime tests' fake vLLM instead of vLLM (no GPU here). Returns the image
+    reference and a docker-archive of it for `import_image`. Tagged by a hash of the vllm image and the stand-in."""
+    from hpd_devcluster import images
+
+    base = images.ensure_image("vllm")
+    repo = Path(images.REPO)
+    ref = f"{STANDIN_REPO}:{images._hash(base, *((repo / s).read_bytes() for s in STANDIN_SOURCES))}"
+    archive = images.root() / "archives" / (ref.rsplit("/", 1)[-1].replace(":", "_") + ".tar")
+    with images._lock("vllm-test-standin"):
+        if not images.exists(ref):
+            name = images._run("standin-from", [*images.buildah(), "from", "--pull-never", base], capture=True).strip()
+            try:
+                images._run("standin-copy", [*images.buildah(), "copy", name,
+                                             *(str(repo / s) for s in STANDIN_SOURCES), STANDIN_DIR + "/"])  # fmt: skip
+                command = f"python3 {STANDIN_DIR}/fake_vllm.py"
+                images._run("standin-config", [*images.buildah(), "config", "--env", f"HPD_VLLM_COMMAND={command}",
+                                               "--label", "hybridpd.io/test-only=true", name])  # fmt: skip
+                images._run("standin-commit", [*images.buildah(), "commit", "--rm", name, ref])
+            except BaseException:
+                subprocess.run([*images.buildah(), "rm", name], capture_output=True, check=False)
+                raise
+        if not archive.exists():
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            partial = archive.with_suffix(".partial")
+            partial.unlink(missing_ok=True)
+            images._run("standin-push", [*images.buildah(), "push", ref, f"docker-archive:{partial}:{ref}"])
+            partial.rename(archive)
+    return ref, archive

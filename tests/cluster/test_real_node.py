@@ -93,25 +93,36 @@ def restricted_ns(api_client: client.ApiClient, rendered: list[dict[str, Any]]) 
     core.delete_namespace(name)
 
 
-def decode_template(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+def role_template(rendered: list[dict[str, Any]], role: str = "decode") -> dict[str, Any]:
     deps = [
-        d for d in rendered if d["kind"] == "Deployment" and d["metadata"]["labels"].get("hybridpd.io/role") == "decode"
+        d for d in rendered if d["kind"] == "Deployment" and d["metadata"]["labels"].get("hybridpd.io/role") == role
     ]
     assert len(deps) == 1, [d["metadata"]["name"] for d in rendered]
     return copy.deepcopy(deps[0]["spec"]["template"])  # type: ignore[no-any-return]
 
 
-def on_the_real_node(template: dict[str, Any], name: str) -> dict[str, Any]:
-    """The rendered pod with only what this machine forces substituted (see the module's docstring)."""
+def decode_template(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    return role_template(rendered, "decode")
+
+
+def placed(template: dict[str, Any], name: str, image: str) -> dict[str, Any]:
+    """The rendered pod on the real node: its image from the node's containerd, no GPU, a 2-core machine's share."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": template["metadata"]["labels"]},
            "spec": template["spec"]}  # fmt: skip
     spec = pod["spec"]
     spec["nodeSelector"] = {realnode.NODE_LABEL: "true"}
     spec["tolerations"] = [dict(realnode.TOLERATION)]
     (c,) = spec["containers"]
-    c["image"], c["imagePullPolicy"] = realnode.TEST_IMAGE, "Never"
+    c["image"], c["imagePullPolicy"] = image, "Never"
+    c["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "512Mi"}}
+    return pod
+
+
+def on_the_real_node(template: dict[str, Any], name: str) -> dict[str, Any]:
+    """The rendered pod with only what this machine forces substituted (see the module's docstring)."""
+    pod = placed(template, name, realnode.TEST_IMAGE)
+    (c,) = pod["spec"]["containers"]
     c["command"], c["args"] = ["/bin/sh", "-c", ENGINE_SCRIPT], []
-    c["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}
     for probe in ("startupProbe", "readinessProbe"):
         assert "exec" in c[probe], f"the rendered {probe} is no longer an exec probe: {c[probe]}"
     c["startupProbe"]["exec"]["command"] = ["test", "-f", "/cache/www/livez"]
@@ -254,6 +265,30 @@ def test_prestop_runs_before_sigterm_inside_the_grace_period(
     lines = [ln for ln in out.splitlines() if ln in ("prestop-begin", "prestop-end", "term")]
     assert lines[-3:] == ["prestop-begin", "prestop-end", "term"], out[-2000:]
     assert took < grace, f"deletion took {took:.0f} s, grace {grace} s: the container was killed, not drained"
+
+
+def test_rendered_prefill_runs_the_runtime_and_serves_after_its_warmup(
+    real_node: realnode.RealNode, api_client: client.ApiClient, restricted_ns: str, rendered: list[dict[str, Any]]
+) -> None:
+    """The released vllm image's `hpd_runtime launch` (warmup, readiness server, the exec probe `hpd_runtime probe`)
+    as the operator renders it, with the runtime tests' fake vLLM in place of vLLM (a test-only image variant)."""
+    ns, core = restricted_ns, client.CoreV1Api(api_client)
+    ref, archive = realnode.ensure_engine_standin()
+    realnode.import_image(real_node, archive)
+    template = role_template(rendered, "prefill")
+    pod = start_pod(api_client, ns, placed(template, "prefill-0", ref))
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    base = f"http://{pod.status.pod_ip}:{env['HPD_VLLM_PORT']}"
+    wait_for(lambda: is_ready(core.read_namespaced_pod("prefill-0", ns)), 180, what="prefill Ready on the real node")
+
+    with urllib.request.urlopen(f"{base}/_requests", timeout=5) as resp:
+        warmup = [r for r in json.load(resp) if r.get("path") == "/v1/completions"]
+    assert warmup, "Ready before the runtime's warmup sent any completion"
+    body = json.dumps({"model": env["HPD_MODEL"], "prompt": [1, 2, 3, 4], "max_tokens": 3}).encode()
+    req = urllib.request.Request(f"{base}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        answer = json.load(resp)
+    assert answer["choices"] and answer["usage"]["completion_tokens"] == 3, answer
 
 
 def test_stop_puts_the_host_back(real_node: realnode.RealNode, devcluster: cluster.ClusterState) -> None:
