@@ -156,6 +156,8 @@ def trim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
             out["status"]["conditions"] = problems
     elif obj.get("kind") == "HorizontalPodAutoscaler":
         out.update(_trim_hpa(obj))
+    elif obj.get("kind") == "ConfigMap":  # the decode pods' KV path reports (podevents.kv_path)
+        out["data"] = dict(obj.get("data") or {})
     return out
 
 

@@ -207,6 +207,10 @@ def plan_rollout(
     `ready`: generation hash -> every desired replica of both roles Ready (status.generation_ready decides it).
     `answering`: generation hash -> at least one Ready pod of each role (it can answer a request now).
     `latest`: the highest number the CR's status recorded, so numbers never repeat after a generation is gone.
+    A number is taken (counted in `Plan.latest`) only once the desired generation has a workload that runs: while
+    the apiserver refuses it (a bad env entry, a site admission policy, LeaderWorkerSet not installed), every
+    reconcile gives it the same number, so nothing derived from it (the router's and the Services' labels, the
+    status) changes and the refusal backs off like any other error instead of writing a new number each time.
     `served`: the generations the status recorded as having served.
     `groups`: the roles the spec runs as LeaderWorkerSet groups (those of the desired generation).
 
@@ -215,7 +219,8 @@ def plan_rollout(
     GPUs for nothing, so a new spec replaces it at once instead of waiting for room beside it."""
     top = max(latest, live.latest_number())
     existing = live.generations.get(desired_hash)
-    number = existing.number if existing is not None and existing.number is not None else top + 1
+    taken = existing.number if existing is not None else None
+    number = taken if taken is not None else top + 1
     desired = Generation(desired_hash, number, frozenset(groups))
     target = live.router_target
     has_served = {h for h in served if h in live.generations}
@@ -224,7 +229,7 @@ def plan_rollout(
     protected = has_served | {h for h in live.generations if ready.get(h) or (answering or {}).get(h)}
     route = _route(desired, live, ready, protected)
     keep = {desired.hash, route.hash} | (live.routed_by_pods & protected)
-    return Plan(desired, route, frozenset(keep), max(top, number), frozenset(has_served))
+    return Plan(desired, route, frozenset(keep), max(top, number) if taken is not None else top, frozenset(has_served))
 
 
 def _route(desired: Generation, live: Live, ready: Mapping[str, bool], protected: set[str]) -> Generation:

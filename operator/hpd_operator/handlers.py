@@ -67,7 +67,7 @@ from hpd_operator import apply as k8s
 from hpd_operator import blame, drift, generations, metrics, podevents, report, settings
 from hpd_operator import leaderworkerset as lws
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.api.names import instance_label
+from hpd_operator.api.names import instance_label, kv_reporter_name
 from hpd_operator.api.parse import parse_cr
 from hpd_operator.builders import Manifest, build_all, generation_hash, group_roles
 from hpd_operator.cache import Cache, CRKey, plain
@@ -247,14 +247,6 @@ async def _event_event(type: str | None, body: Mapping[str, Any], **_: Any) -> N
             QUEUE.add(key)
 
 
-async def _index_kv_event(body: kopf.Body, **_: Any) -> None:
-    CACHE.put_event(podevents.core_shape(body))
-
-
-async def _kv_event_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-    await _event_event(type, podevents.core_shape(body))
-
-
 async def _index_node(body: kopf.Body, **_: Any) -> None:
     CACHE.add_node(str(body["metadata"]["name"]))
 
@@ -292,7 +284,6 @@ def server_side_selectors(settings: kopf.OperatorSettings, **_: Any) -> None:
     for group, version, plural in [*_watched(_caps()), ("", "v1", "pods")]:
         settings.watching.label_selectors[group, version, plural] = MANAGED
     settings.watching.field_selectors["", "v1", "events"] = podevents.EVENT_FIELD_SELECTOR
-    settings.watching.field_selectors["events.k8s.io", "v1", "events"] = podevents.KV_EVENT_FIELD_SELECTOR
 
 
 def _register_children(caps: Capabilities) -> None:
@@ -305,8 +296,6 @@ def _register_children(caps: Capabilities) -> None:
     kopf.on.event("", "v1", "pods", id="enqueue-pods")(_pod_event)
     kopf.index("", "v1", "events", id="cache-probe-events")(_index_event)
     kopf.on.event("", "v1", "events", id="enqueue-probe-events")(_event_event)
-    kopf.index("events.k8s.io", "v1", "events", id="cache-kv-events")(_index_kv_event)
-    kopf.on.event("events.k8s.io", "v1", "events", id="enqueue-kv-events")(_kv_event_event)
     if caps.nodes:
         CACHE.set_nodes(())
         kopf.index("", "v1", "nodes", id="cache-nodes")(_index_node)
@@ -740,10 +729,13 @@ def probe_details(run: Run, live: generations.Live) -> dict[tuple[str, str], str
 
 
 def kv_path_report(run: Run) -> dict[str, Any] | None:
-    """status.kvPath: the newest KV path report (KVPath Event) of a Ready decode pod of the CR (during a rollout,
-    either generation's), as the watch cache holds them; podevents.kv_path picks the Ready pods."""
+    """status.kvPath: the newest KV path report of a Ready decode pod of the CR (during a rollout, either
+    generation's) in the CR's kv-reporter ConfigMap, as the watch cache holds it (podevents.kv_path)."""
     pods = (run.pods or {}).get("decode") or []
-    return podevents.kv_path(pods, run.cache.events(run.namespace, [str(p["metadata"]["name"]) for p in pods]))
+    held = run.cache.child(run.namespace, "v1", "ConfigMap", kv_reporter_name(run.name))
+    if held is None or not k8s.owned_by(held, run.uid):
+        return None
+    return podevents.kv_path(pods, held.get("data"), report.now())
 
 
 def write_report(run: Run) -> dict[str, Any]:

@@ -7,25 +7,24 @@ Event would carry only the status code. So the decode runtime's "P->D output dif
 `kubectl describe hpd` without the pod holding any Kubernetes credentials: the operator reads its pods' Events
 and copies the newest message into the role condition (DecodeReady / PrefillReady).
 
-The KV path report is the one Event an engine pod posts itself (reason `KVPath`, hpd_runtime/kube_events.py, with a
-ServiceAccount that may only create Events): the operator watches those through events.k8s.io/v1 (kopf takes one
-field selector per resource, and core/v1 Events are already watched by reason=Unhealthy), turns them into the same
-shape (`core_shape`) and puts the newest of a Ready decode pod into `status.kvPath` (`kv_path`).
+The KV path report is the one thing an engine pod writes itself (hpd_runtime/kube_events.py): a decode pod patches
+`data[<its name>]` of the ConfigMap `<cr>-kv-reporter`, which only that CR's kv-reporter ServiceAccount may patch (its
+Role names the ConfigMap), and posts the same report as a `KVPath` Event on itself for `kubectl describe pod`. The
+operator reads only the ConfigMap (`kv_path`): an Event can be posted by anyone who may create Events in the namespace
+(another CR's decode pods included), about any pod, with any timestamp, so Events never reach the status.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from hpd_runtime import contract
-
 UNHEALTHY = "Unhealthy"
 EVENT_FIELD_SELECTOR = f"involvedObject.kind=Pod,reason={UNHEALTHY}"
 """What the operator lists (core/v1 Events support these field selectors)."""
-KV_EVENT_FIELD_SELECTOR = f"regarding.kind=Pod,reason={contract.EVENT_REASON_KV_PATH}"
-"""The decode pods' KV path reports, watched as events.k8s.io/v1 Events (their field names)."""
 _PROBE_PREFIX = re.compile(r"^(?:\(combined from similar events\):\s*)?(Startup|Readiness) probe failed:\s*", re.S)
 MESSAGE_LIMIT = 600
 
@@ -86,19 +85,6 @@ def probe_failure(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[st
     return f"pod {best[1]}: {text}"
 
 
-def core_shape(ev: Mapping[str, Any]) -> dict[str, Any]:
-    """An events.k8s.io/v1 Event in the core/v1 field names the rest of this module reads."""
-    series = ev.get("series") or {}
-    return {
-        "metadata": ev.get("metadata") or {},
-        "involvedObject": ev.get("regarding") or {},
-        "reason": ev.get("reason"),
-        "message": ev.get("note"),
-        "type": ev.get("type"),
-        "lastTimestamp": series.get("lastObservedTime") or ev.get("deprecatedLastTimestamp") or ev.get("eventTime"),
-    }
-
-
 def _int(x: Any) -> int | None:
     try:
         return int(float(x))
@@ -106,19 +92,54 @@ def _int(x: Any) -> int | None:
         return None
 
 
-def kv_path(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """`status.kvPath` from the newest KVPath Event about one of these pods that is Ready now (camelCase), or None."""
-    ev = max(_about(_uids(pods, ready=True), events, contract.EVENT_REASON_KV_PATH), key=_when, default=None)
-    if ev is None:
+CLOCK_SKEW_SECONDS = 60.0
+"""A report stamped later than now by more than this is ignored: a time in the future would win over every genuine
+report for the pod's life."""
+
+
+def _report(raw: object) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(str(raw))
+    except (TypeError, ValueError):
         return None
-    ann = (ev.get("metadata") or {}).get("annotations") or {}
-    out = {
-        "pod": str((ev.get("involvedObject") or {}).get("name")),
-        "message": str(ev.get("message") or "")[:MESSAGE_LIMIT],
-        "bytesPerSecond": _int(ann.get(contract.ANNOTATION_KV_BYTES_PER_SECOND)),
-        "bytesPerRequest": _int(ann.get(contract.ANNOTATION_KV_BYTES_PER_REQUEST)),
-        "fabric": ann.get(contract.ANNOTATION_KV_FABRIC),
-        "belowFloor": ann.get(contract.ANNOTATION_KV_BELOW_FLOOR) == "true" or ev.get("type") == "Warning",
-        "observedTime": _when(ev) or None,
-    }
-    return {k: v for k, v in out.items() if v is not None}
+    return doc if isinstance(doc, dict) else None
+
+
+def _stamp(value: object) -> datetime.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        t = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=datetime.UTC)
+
+
+def kv_path(
+    pods: Iterable[Mapping[str, Any]], reports: Mapping[str, Any] | None, now: str | None
+) -> dict[str, Any] | None:
+    """`status.kvPath` (camelCase) from the newest report in the CR's kv-reporter ConfigMap (`reports`: its data,
+    pod name -> JSON) of a decode pod that is Ready now, the same pod (its uid), and not stamped in the future
+    (beyond CLOCK_SKEW_SECONDS of `now`); None when no report qualifies."""
+    ready, t_now = _uids(pods, ready=True), _stamp(now)
+    best: tuple[datetime.datetime, dict[str, Any]] | None = None
+    for pod, raw in (reports or {}).items():
+        doc = _report(raw)
+        if doc is None or pod not in ready or not ready[pod] or doc.get("uid") != ready[pod]:
+            continue
+        when = _stamp(doc.get("observedTime"))
+        if when is None or (t_now is not None and (when - t_now).total_seconds() > CLOCK_SKEW_SECONDS):
+            continue
+        out = {
+            "pod": pod,
+            "message": str(doc.get("message") or "")[:MESSAGE_LIMIT],
+            "bytesPerSecond": _int(doc.get("bytesPerSecond")),
+            "bytesPerRequest": _int(doc.get("bytesPerRequest")),
+            "fabric": str(doc["fabric"]) if isinstance(doc.get("fabric"), str) else None,
+            "transport": str(doc["transport"])[:200] if isinstance(doc.get("transport"), str) else None,
+            "belowFloor": doc.get("belowFloor") is True,
+            "observedTime": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        if best is None or when > best[0]:
+            best = (when, {k: v for k, v in out.items() if v is not None})
+    return best[1] if best is not None else None

@@ -21,7 +21,7 @@ from typing import Final
 
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
-from hpd_operator.api.names import role_name
+from hpd_operator.api.names import kv_reporter_name, role_name
 from hpd_operator.modelinfo import disk_plan
 from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
 from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, Settings
@@ -210,17 +210,18 @@ def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
         EnvEntry(name=contract.ENV_WARMUP_PROMPT_LENGTHS, value=",".join(map(str, w.prompt_lengths))),
         EnvEntry(name=contract.ENV_WARMUP_CONCURRENCY, value=str(w.concurrency)),
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
-        EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_check and role == "decode").lower()),
+        EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_checked and role == "decode").lower()),
         *(
-            [EnvEntry(name=contract.ENV_CANARY_SECONDS, value=str(w.canary_seconds if w.pair_check else 0))]
+            [EnvEntry(name=contract.ENV_CANARY_SECONDS, value=str(w.canary_seconds if w.pair_checked else 0))]
             if role == "decode"
             else []
         ),
         *(
-            [  # the pod the KV path Event is about (hpd_runtime/kube_events.py)
+            [  # the pod the KV path report is about, and where it goes (hpd_runtime/kube_events.py)
                 EnvEntry(name=contract.ENV_POD_NAME, field_path="metadata.name"),
                 EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
                 EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
+                EnvEntry(name=contract.ENV_KV_REPORT_CONFIGMAP, value=kv_reporter_name(valid.cr.metadata.name)),
             ]
             if role == "decode" and w.pair_checked
             else []

@@ -259,7 +259,8 @@ def autoscaler_status(
     st = (hpa or {}).get("status") or {}
     what, why = decision(hpa, bounds, a)
     current = st.get("currentReplicas", replicas)
-    desired = current if what == "Pending" else st.get("desiredReplicas", current)
+    # Without metrics the HPA's desiredReplicas reads 0 although it scales nothing: the count stays where it is
+    desired = current if what in ("Pending", "NoMetrics") else st.get("desiredReplicas", current)
     out: dict[str, Any] = {
         "minReplicas": bounds.min_replicas,
         "maxReplicas": bounds.max_replicas,

@@ -291,7 +291,7 @@ def compute_status(
     if failure is None and error is not None:
         failure = Failure(Reason.INVALID_SPEC, error.message)
     wait = not_scheduled_after
-    gens = _Generations.of(spec, rollout, nodes, now, not_scheduled_after=wait) if rollout is not None else None
+    gens = _Generations.of(spec, rollout, nodes, now, wait, failure=failure) if rollout is not None else None
     states = _states(spec, observed, pods or {}, nodes, now, not_scheduled_after=wait)
     details = dict(role_details or {})
     if gens is not None:
@@ -450,6 +450,9 @@ class _Generations:
     view: RolloutView
     all: dict[str, dict[str, RoleState]]
     """Generation hash -> role -> state: every live generation, and the planned ones even before they exist."""
+    failure: Failure | None = None
+    """Why this reconcile did not converge: while the desired generation's workloads do not exist, it is Blocked
+    by this (the apiserver's refusal, LeaderWorkerSet missing), not Starting or Serving."""
 
     @classmethod
     def of(
@@ -458,8 +461,9 @@ class _Generations:
         view: RolloutView,
         nodes: Collection[str] | None,
         now: str | None,
-        *,
         not_scheduled_after: float = NOT_SCHEDULED_AFTER,
+        *,
+        failure: Failure | None = None,
     ) -> _Generations:
         want, wait = view.plan.desired.hash, not_scheduled_after
         sizes: dict[str, int] | None = None
@@ -474,7 +478,7 @@ class _Generations:
         for gen in (view.plan.desired, view.plan.route):
             if gen.hash not in states:
                 states[gen.hash] = states_of(gen.hash, None)
-        return cls(spec, view, states)
+        return cls(spec, view, states, failure)
 
     @property
     def plan(self) -> Plan:
@@ -502,6 +506,15 @@ class _Generations:
     def name(self, h: str) -> str:
         return f"generation {self.number(h)} ({h})"
 
+    @property
+    def refused(self) -> bool:
+        """The desired generation lacks a workload of a role and this reconcile failed (not on the spec itself): the
+        apiserver refused it, or LeaderWorkerSet is not installed. Nothing of it runs, so it neither serves nor starts."""
+        if self.failure is None or self.failure.reason == Reason.INVALID_SPEC:
+            return False
+        g = self.view.live.generations.get(self.plan.desired.hash)
+        return g is None or any(r not in g.deployments for r in contract.ROLES)
+
     def target_problems(self) -> list[tuple[Reason, str]]:
         if not self.plan.rolling:
             return []
@@ -510,6 +523,8 @@ class _Generations:
 
     @property
     def state(self) -> str:
+        if self.refused:
+            return "Blocked"
         if not self.plan.rolling:
             others = set(self.view.live.generations) - {self.plan.desired.hash}
             return "Switching" if others else "Complete"
@@ -547,6 +562,10 @@ class _Generations:
             return (f"{target} is starting beside {serving}, which keeps all traffic until every desired replica of "
                     f"the new one is Ready (a decode pod only after its pair check against the new prefill pods): "
                     f"{self._progress(plan.desired.hash)}")  # fmt: skip
+        if self.refused and self.failure is not None:
+            live = self.plan.rolling and self.plan.route.hash in self.view.live.generations
+            after = f"{serving} keeps serving" if live else "nothing serves yet"
+            return f"{target} cannot be created: {self.failure.message}; {after}"
         problems = "; ".join(m for _, m in self.target_problems())
         gpus = _gpus(self.spec, self._desired(plan.desired.hash))
         return (f"{target} cannot come up: {problems}; {serving} keeps serving. A rollout starts the new generation "
@@ -563,6 +582,8 @@ class _Generations:
                 c.update(_cond(ConditionType(c["type"]), _truth(c["status"]), Reason(c["reason"]),
                                f"{c['message']}; {self.target_note(role)}"))  # fmt: skip
         if failure is not None:
+            if self.refused:  # the failure's reason stays; the message says which generation and what still serves
+                by_type[str(ConditionType.PROGRESSING)]["message"] = _clip(self.message())
             return
         state = self.state
         if state != "Complete":
@@ -581,7 +602,9 @@ class _Generations:
 
     def _entry(self, h: str) -> dict[str, Any]:
         t = self.all[h]
-        if h == self.plan.route.hash:
+        if h == self.plan.desired.hash and self.refused:
+            state = "Blocked"
+        elif h == self.plan.route.hash:
             state = "Serving"
         elif h == self.plan.desired.hash:
             state = "Blocked" if self.target_problems() else "Starting"
@@ -615,7 +638,7 @@ class _Generations:
             "servingHash": plan.route.hash,
             "targetGeneration": plan.desired.number,
             "targetHash": plan.desired.hash,
-            "latestGeneration": plan.latest,
+            "latestGeneration": max(plan.latest, self.view.live.latest_number()),
             "generations": sorted((self._entry(h) for h in self.all), key=lambda e: (e["number"], e["hash"])),
         }
 

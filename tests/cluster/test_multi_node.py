@@ -119,6 +119,11 @@ def test_without_leaderworkerset_a_multi_node_cr_says_what_to_install_builds_not
         assert msg.startswith(f"LeaderWorkerSet is not installed; install lws v{versions.LWS}"), msg
         # nothing half-built: not the one-pod prefill, not the router, not a Service (several rechecks long)
         hold(lambda: not any(children(api_client, ns, name).values()), 4, "no child of a CR that needs LWS")
+        # the rechecks (every second here) give the generation no new number: its rollout status stays as it was
+        # (it used to tick status.rollout.latestGeneration up on every recheck) and says it is Blocked
+        ro = get_cr(api_client, ns, name)["status"]["rollout"]
+        assert ro == got["status"]["rollout"] and ro["state"] == "Blocked", (ro, got["status"]["rollout"])
+        assert "cannot be created: LeaderWorkerSet is not installed" in ro["message"], ro["message"]
         assert op.proc is not None and op.proc.poll() is None  # still running, still looking
 
         lws.start(devcluster)  # CRDs + controller + webhooks: the operator notices and restarts itself

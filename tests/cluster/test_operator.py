@@ -5,12 +5,14 @@ failure. Every wait has a deadline; nothing connects to a pod or node IP."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import signal
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -468,60 +470,39 @@ def test_a_decode_probe_failure_reaches_the_decode_ready_condition(
     assert "P->D output differs from local" in described and "spec.blockSize" in described
 
 
-def test_a_decode_posts_its_kv_path_as_an_event_and_the_operator_puts_it_in_the_status(
+def test_a_decode_reports_its_kv_path_and_the_operator_puts_it_in_the_status(
     operator: Operator, api_client: client.ApiClient, namespace: str, devcluster: Any, tmp_path: Path
 ) -> None:
-    """#26: the decode runtime posts the KV rate its pair check measured as an Event on its own pod (the runtime's
-    own code, hpd_runtime/kube_events.py, with a token of the ServiceAccount the operator gave the decode pods, as
-    the kubelet would mount it: kwok runs no containers); the operator puts it into status.kvPath and
-    DataPathVerified. Below the fabric's floor: reason KVPathBelowFloor and a Warning Event, Ready untouched. The
-    token may create Events and do nothing else."""
+    """The decode runtime reports the KV rate its pair check measured (the runtime's own code,
+    hpd_runtime/kube_events.py, with a token of the ServiceAccount the operator gave the decode pods, as the kubelet
+    would mount it: kwok runs no containers) into its CR's kv-reporter ConfigMap, and as an Event on its pod; the
+    operator puts it into status.kvPath and DataPathVerified. Below the fabric's floor: reason KVPathBelowFloor and a
+    Warning Event, Ready untouched. The token may patch that one ConfigMap and create Events, nothing else."""
     ns, name = namespace, "kvpath"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
-    core = client.CoreV1Api(api_client)
-    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}=decode"
-    pod = core.list_namespaced_pod(ns, label_selector=sel).items[0]
-    sa = pod.spec.service_account_name
-    assert sa == f"{name}-kv-reporter" and pod.spec.automount_service_account_token is True
-    env = {e.name: e for e in pod.spec.containers[0].env}
-    assert env[contract.ENV_POD_NAME].value_from.field_ref.field_path == "metadata.name"
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
-    token = core.create_namespaced_service_account_token(sa, ns, request).status.token
-    (tmp_path / "token").write_text(token)
-    target = kube_events.Target(
-        server=devcluster.server, token_path=str(tmp_path / "token"), ca_path=str(devcluster.pki / "ca.crt"),
-        pod=pod.metadata.name, namespace=ns, uid=pod.metadata.uid,
-    )  # fmt: skip
+    pod, token, target = decode_reporter(api_client, ns, name, devcluster, tmp_path)
     reporter = kube_events.Reporter(target)
     fast = "KV moved at 14.2 GB/s, 173 MB per request over tcp (16 transfers)"
-    assert reporter.report(fast, rate=14.2e9, per_request=173e6, fabric="tcp", slow=False)
-    assert not reporter.report(fast, rate=15e9, per_request=173e6, fabric="tcp", slow=False)  # not due: no new Event
-
-    def kv(c: dict[str, Any]) -> dict[str, Any]:
-        return dict((c.get("status") or {}).get("kvPath") or {})
+    assert reporter.report(fast, rate=14.2e9, per_request=173e6, fabric="tcp", slow=False, transport="tcp")
+    assert not reporter.report(fast, rate=15e9, per_request=173e6, fabric="tcp", slow=False)  # not due: no new write
 
     cr = wait_cr(api_client, ns, name, lambda c: kv(c).get("bytesPerSecond") == 14_200_000_000, "status.kvPath")
     assert kv(cr) == {"pod": pod.metadata.name, "message": fast, "bytesPerSecond": 14_200_000_000,
-                      "bytesPerRequest": 173_000_000, "fabric": "tcp", "belowFloor": False,
+                      "bytesPerRequest": 173_000_000, "fabric": "tcp", "transport": "tcp", "belowFloor": False,
                       "observedTime": kv(cr)["observedTime"]}  # fmt: skip
     path = cond(cr, "DataPathVerified")
     assert path["status"] == "True" and path["reason"] == "Verified" and fast in path["message"]
+    on_pod = [e for e in events(api_client, ns, pod.metadata.name) if e.reason == contract.EVENT_REASON_KV_PATH]
+    assert [e.message for e in on_pod] == [fast]  # the same report on the pod, for kubectl describe pod
 
-    # the token creates Events and nothing else: no pods, no reading Events, no other namespace's Events
-    def call(method: str, path: str, body: dict[str, Any] | None = None) -> int:
-        req = urllib.request.Request(devcluster.server + path, method=method, data=json.dumps(body).encode()
-                                     if body else None, headers={"Authorization": f"Bearer {token}",
-                                                                 "Content-Type": "application/json"})  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=target.ca_path)) as r:
-                return int(r.status)
-        except urllib.error.HTTPError as e:
-            return int(e.code)
-
+    # the token patches its CR's ConfigMap and creates Events, nothing else
+    call = caller(devcluster, token)
     assert call("GET", f"/api/v1/namespaces/{ns}/events") == 403
     assert call("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "x"}, "spec": {}}) == 403
     assert call("GET", f"/api/v1/namespaces/{ns}/secrets") == 403
+    assert call("GET", f"/api/v1/namespaces/{ns}/configmaps") == 403
+    assert call("POST", f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "x"}}) == 403
     assert (
         call("POST", "/api/v1/namespaces/default/events", kube_events.event_body(target, "Normal", "x", {}, 0)) == 403
     )
@@ -535,3 +516,86 @@ def test_a_decode_posts_its_kv_path_as_an_event_and_the_operator_puts_it_in_the_
     warned = wait_for(lambda: [e for e in events(api_client, ns, name) if e.reason == "KVPathBelowFloor"], T,
                       what="a KVPathBelowFloor Event on the CR")  # fmt: skip
     assert warned[0].type == "Warning" and "0.42 GB/s" in warned[0].message
+
+
+def test_only_a_crs_own_decode_pods_can_set_its_kv_path(
+    operator: Operator, api_client: client.ApiClient, namespace: str, devcluster: Any, tmp_path: Path
+) -> None:
+    """The three spoofs of a KV path: (1) a KVPath Event about the victim's decode pod, posted by anyone who may
+    create Events (here another CR's decode token), reaches nothing; (2) that token cannot write the victim's
+    kv-reporter ConfigMap; (3) a report of the victim's own decode stamped in 2099 does not win over its genuine
+    reports. The victim's status keeps the genuine figure throughout."""
+    ns = namespace
+    for name in ("victim", "other"):
+        create(api_client, ns, seed(name))
+    for name in ("victim", "other"):
+        wait_ready(api_client, ns, name)
+    pod, _, own = decode_reporter(api_client, ns, "victim", devcluster, tmp_path / "victim")
+    _, other_token, other = decode_reporter(api_client, ns, "other", devcluster, tmp_path / "other")
+    genuine = "KV moved at 14.2 GB/s, 173 MB per request over tcp (16 transfers)"
+    assert kube_events.Reporter(own).report(genuine, rate=14.2e9, per_request=173e6, fabric="tcp", slow=False)
+    wait_cr(api_client, ns, "victim", lambda c: kv(c).get("message") == genuine, "the genuine report in status")
+
+    # (1) an Event with reason KVPath about the victim's decode pod, in 2099, Warning: allowed, and ignored
+    at_victim = dataclasses.replace(other, pod=pod.metadata.name, uid=pod.metadata.uid)
+    ann = {contract.ANNOTATION_KV_BYTES_PER_SECOND: "1", contract.ANNOTATION_KV_BELOW_FLOOR: "true"}
+    fake = kube_events.event_body(at_victim, "Warning", "KV moved at 0.00 GB/s (spoofed)", ann, 4_070_908_800)
+    assert kube_events.post(at_victim, fake) == 201
+    # (2) the other CR's token may not touch the victim's ConfigMap (nor read it)
+    cm = f"/api/v1/namespaces/{ns}/configmaps/victim-kv-reporter"
+    spoof = {"uid": pod.metadata.uid, "bytesPerSecond": 1, "belowFloor": True, "message": "spoofed",
+             "observedTime": "2099-01-01T00:00:00Z"}  # fmt: skip
+    assert kube_events.patch_report(dataclasses.replace(at_victim, configmap="victim-kv-reporter"),
+                                    {"data": {pod.metadata.name: json.dumps(spoof)}}) == 403  # fmt: skip
+    assert caller(devcluster, other_token)("GET", cm) == 403
+    # (3) the victim's own pod stamps a report in 2099: a time from the future never wins
+    assert kube_events.patch_report(own, {"data": {pod.metadata.name: json.dumps(spoof)}}) == 200
+    hold(lambda: kv(get_cr(api_client, ns, "victim")).get("message") == genuine, 6, "the genuine report stays")
+    victim = get_cr(api_client, ns, "victim")
+    assert cond(victim, "DataPathVerified")["reason"] == "Verified", cond(victim, "DataPathVerified")
+    assert not [e for e in events(api_client, ns, "victim") if e.reason == "KVPathBelowFloor"]
+
+
+def kv(c: dict[str, Any]) -> dict[str, Any]:
+    return dict((c.get("status") or {}).get("kvPath") or {})
+
+
+def decode_reporter(
+    api_client: client.ApiClient, ns: str, name: str, devcluster: Any, tmp: Path
+) -> tuple[client.V1Pod, str, kube_events.Target]:
+    """CR `name`'s decode pod, a token of its ServiceAccount as the kubelet would project it, and the runtime's
+    report target built from the pod's env (the ConfigMap name the operator rendered)."""
+    core = client.CoreV1Api(api_client)
+    sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}=decode"
+    pod = core.list_namespaced_pod(ns, label_selector=sel).items[0]
+    sa = pod.spec.service_account_name
+    assert sa == f"{name}-kv-reporter" and pod.spec.automount_service_account_token is True
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    assert env[contract.ENV_POD_NAME].value_from.field_ref.field_path == "metadata.name"
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
+    token = core.create_namespaced_service_account_token(sa, ns, request).status.token
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "token").write_text(token)
+    target = kube_events.Target(
+        server=devcluster.server, token_path=str(tmp / "token"), ca_path=str(devcluster.pki / "ca.crt"),
+        pod=pod.metadata.name, namespace=ns, uid=pod.metadata.uid,
+        configmap=env[contract.ENV_KV_REPORT_CONFIGMAP].value,
+    )  # fmt: skip
+    return pod, token, target
+
+
+def caller(devcluster: Any, token: str) -> Callable[..., int]:
+    """call(method, path, body=None) -> the HTTP status of one request with `token`."""
+    ca = str(devcluster.pki / "ca.crt")
+
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> int:
+        req = urllib.request.Request(devcluster.server + path, method=method, data=json.dumps(body).encode()
+                                     if body else None, headers={"Authorization": f"Bearer {token}",
+                                                                 "Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=ca)) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    return call

@@ -77,6 +77,7 @@ def test_seed_builds_the_full_child_set() -> None:
             ("ServiceAccount", f"{n}-kv-reporter"),
             ("Role", f"{n}-kv-reporter"),
             ("RoleBinding", f"{n}-kv-reporter"),
+            ("ConfigMap", f"{n}-kv-reporter"),
             ("Service", n),
             ("Deployment", f"{n}-router"),
             ("NetworkPolicy", f"{n}-engines"),
@@ -389,10 +390,24 @@ def test_every_generated_pod_is_pss_restricted_and_only_router_and_decode_get_a_
             assert "serviceAccountName" not in pod
 
 
-def test_the_decode_reporter_may_only_create_events_and_exists_only_with_the_pair_check() -> None:
+def test_the_decode_reporter_may_only_patch_its_configmap_and_create_events_and_exists_only_with_the_pair_check() -> (
+    None
+):
     objs = {(o["kind"], o["metadata"]["name"]): o for o in build(seed_doc())}
     role = objs[("Role", "nemotron-3-nano-kv-reporter")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["nemotron-3-nano-kv-reporter"],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]  # fmt: skip
+    assert "data" not in objs[("ConfigMap", "nemotron-3-nano-kv-reporter")]  # the decode pods' keys stay theirs
+    decode = next(o for o in objs.values() if o["kind"] == "Deployment" and "-decode-" in o["metadata"]["name"])
+    env = {e["name"]: e.get("value") for e in decode["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_KV_REPORT_CONFIGMAP] == "nemotron-3-nano-kv-reporter"
+    kinds = [o["kind"] for o in build(seed_doc())]  # ServiceAccounts and RBAC are applied before the workloads
+    assert max(kinds.index(k) for k in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap")) < kinds.index(
+        "Deployment"
+    )
     binding = objs[("RoleBinding", "nemotron-3-nano-kv-reporter")]
     assert binding["subjects"][0]["name"] == "nemotron-3-nano-kv-reporter"
     assert ("ServiceAccount", "nemotron-3-nano-kv-reporter") in objs
@@ -407,6 +422,33 @@ def test_the_decode_reporter_may_only_create_events_and_exists_only_with_the_pai
     assert not [k for k in objs if k[1].endswith("-kv-reporter")]
     decode = next(o for o in objs.values() if o["kind"] == "Deployment" and "-decode-" in o["metadata"]["name"])
     assert decode["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("pair_check", [True, False])
+@pytest.mark.parametrize("canary", [0, 120])
+def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool, pair_check: bool, canary: int) -> None:
+    """The pair check runs only with warmup on and pairCheck on (WarmupSpec.pair_checked); the decode's env, its
+    identity and token, the kv-reporter objects and status' DataPathVerified all follow that one decision (a CR with
+    warmup off used to render HPD_WARMUP_PAIR_CHECK=true and the canary without the token)."""
+    from hpd_operator.status import compute_status
+
+    doc = seed_doc()
+    doc["spec"]["warmup"] = {"enabled": enabled, "pairCheck": pair_check, "canarySeconds": canary}
+    on = enabled and pair_check
+    objs = build(doc)
+    decode = next(o for o in objs if o["kind"] == "Deployment" and "-decode-" in o["metadata"]["name"])
+    pod = decode["spec"]["template"]["spec"]
+    e = env(pod["containers"][0])
+    assert e[contract.ENV_WARMUP_PAIR_CHECK] == str(on).lower()
+    assert e[contract.ENV_CANARY_SECONDS] == str(canary if on else 0)
+    assert (contract.ENV_POD_NAME in e, contract.ENV_KV_REPORT_CONFIGMAP in e) == (on, on)
+    assert pod["automountServiceAccountToken"] is on and ("serviceAccountName" in pod) is on
+    assert bool([o for o in objs if o["metadata"]["name"].endswith("-kv-reporter")]) is on
+    cr = cr_from(doc)
+    st = compute_status(name="x", namespace="ns1", spec=cr.spec, observed={}, generation=1)
+    path = next(c for c in st["conditions"] if c["type"] == "DataPathVerified")
+    assert (path["reason"] == "PairCheckDisabled") is not on, path
 
 
 def test_network_policies_admit_only_router_peers_and_prometheus() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from hpd_operator.api.models import HybridPDDeploymentStatus
 from hpd_operator.builders import build_all, generation_hash
+from hpd_operator.conditions import Failure, Reason
 from hpd_operator.generations import (
     Generation,
     Live,
@@ -214,6 +215,23 @@ def test_a_new_generation_gets_the_next_number_and_numbers_are_never_reused() ->
     assert plan_rollout("aaaa0001", now, {"aaaa0001": True}).desired.number == 4
 
 
+def test_a_generation_the_apiserver_refuses_keeps_one_number_however_often_it_is_reconciled() -> None:
+    """The write loop: a desired generation whose workloads the apiserver refuses took a new number on every
+    reconcile (fed back through status.rollout.latestGeneration), so the router's and the Services' labels and the
+    status changed each time, and each write triggered the next reconcile. Its number is now stable until a
+    workload of it exists, for a first deploy and for a serving CR alike."""
+    for now, want in ((live(), 1), (live(("aaaa0001", 4), route="aaaa0001"), 5)):
+        latest = 0
+        for _ in range(5):  # each reconcile reads back the latestGeneration the one before wrote
+            p = plan_rollout("cccc0003", now, {"aaaa0001": True}, latest)
+            assert p.desired.number == want and p.latest == want - 1, p
+            latest = p.latest
+    # once a workload of it exists the number is taken: the next new generation gets the one after
+    taken = live(("aaaa0001", 4), ("cccc0003", 5), route="aaaa0001")
+    assert plan_rollout("cccc0003", taken, {"aaaa0001": True}, 4).latest == 5
+    assert plan_rollout("dddd0004", taken, {"aaaa0001": True}, 5).desired.number == 6
+
+
 def test_a_revert_routes_back_and_drops_the_generation_that_never_served() -> None:
     now = live(("aaaa0001", 1), ("bbbb0002", 2), route="aaaa0001", router_pods=("aaaa0001",))
     back = plan_rollout("aaaa0001", now, {"aaaa0001": True, "bbbb0002": False})
@@ -300,6 +318,27 @@ def test_a_new_generation_without_room_is_blocked_and_says_how_many_gpus_it_need
     assert "generation 2 (bbbb0002) decode" in c["Degraded"]["message"]
     assert st["rollout"]["state"] == "Blocked" and st["rollout"]["summary"] == "gen 2: blocked"
     HybridPDDeploymentStatus.model_validate(st)
+
+
+def test_a_generation_the_apiserver_refused_is_blocked_with_its_refusal_not_serving() -> None:
+    """Status says what is true: a desired generation without workloads because the apiserver refused them is
+    Blocked with the refusal (a first deploy: nothing serves; a serving CR: the old generation keeps serving), never
+    "generation N serves" / Complete."""
+    refusal = Failure(Reason.APPLY_FAILED, "the apiserver refused Deployment x-prefill-bbbb0002: 422 duplicate env A")
+    first = Plan(Generation(B, 1), Generation(B, 1), frozenset({B}), 0)
+    st = status(spec(), {}, rollout=view({}, first), failure=refusal)
+    ro, c = st["rollout"], conds(st)
+    assert (ro["state"], ro["summary"]) == ("Blocked", "gen 1: blocked"), ro
+    assert "generation 1 (bbbb0002) cannot be created: the apiserver refused" in ro["message"], ro["message"]
+    assert "nothing serves yet" in ro["message"] and "serves" not in ro["message"].replace("nothing serves yet", "")
+    assert [(g["number"], g["state"]) for g in ro["generations"]] == [(1, "Blocked")]
+    assert (c["Progressing"]["reason"], c["Ready"]["reason"]) == ("ApplyFailed", "ApplyFailed")
+    assert "cannot be created" in c["Progressing"]["message"]
+    serving = status(spec(), ROUTER, rollout=view({A: (1, READY, [])}, ROLLING), failure=refusal)
+    ro = serving["rollout"]
+    assert ro["state"] == "Blocked" and "generation 1 (aaaa0001) keeps serving" in ro["message"], ro["message"]
+    assert [(g["number"], g["state"]) for g in ro["generations"]] == [(1, "Serving"), (2, "Blocked")]
+    HybridPDDeploymentStatus.model_validate(serving)
 
 
 def test_after_the_switch_the_old_generation_drains_then_the_rollout_is_complete() -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from hpd_operator.podevents import probe_failure
+from hpd_operator.podevents import kv_path, probe_failure
 
 DIFFERS = "P->D output differs from local on 2/16 prompts via prefill 10.0.0.7:8000: ...; if spec.blockSize is set"
 
@@ -48,3 +49,45 @@ def test_aggregated_events_and_long_messages() -> None:
     msg = "(combined from similar events): Readiness probe failed: " + DIFFERS + " x" * 1000
     out = probe_failure([pod("d-1", False)], [event("d-1", msg, "2026-11-29T17:00:00Z")])
     assert out is not None and out.startswith(f"pod d-1: {DIFFERS}") and out.endswith("...") and len(out) < 700
+
+
+# --- status.kvPath from the CR's kv-reporter ConfigMap ------------------------------------------------------------
+NOW = "2026-12-03T10:00:00Z"
+
+
+def report(uid: str, when: str, rate: int = 14_200_000_000, **extra: Any) -> str:
+    doc = {"uid": uid, "bytesPerSecond": rate, "bytesPerRequest": 173_000_000, "fabric": "tcp", "belowFloor": False,
+           "message": f"KV moved at {rate / 1e9:.1f} GB/s", "observedTime": when, **extra}  # fmt: skip
+    return json.dumps(doc)
+
+
+def test_the_newest_report_of_a_ready_decode_pod_is_the_kv_path() -> None:
+    pods = [pod("d-1", ready=True), pod("d-2", ready=True)]
+    data = {"d-1": report("uid-d-1", "2026-12-03T09:00:00Z", 1), "d-2": report("uid-d-2", "2026-12-03T09:30:00Z", 2,
+            transport="cuda_ipc")}  # fmt: skip
+    got = kv_path(pods, data, NOW)
+    assert got == {"pod": "d-2", "message": "KV moved at 0.0 GB/s", "bytesPerSecond": 2, "bytesPerRequest": 173_000_000,
+                   "fabric": "tcp", "transport": "cuda_ipc", "belowFloor": False,
+                   "observedTime": "2026-12-03T09:30:00Z"}  # fmt: skip
+
+
+def test_reports_of_not_ready_gone_or_earlier_pods_and_from_the_future_are_ignored() -> None:
+    pods = [pod("d-1", ready=True), pod("d-2", ready=False)]
+    genuine = report("uid-d-1", "2026-12-03T09:00:00Z")
+    assert kv_path(pods, {"d-1": genuine}, NOW) is not None
+    for data in (
+        {"d-2": report("uid-d-2", "2026-12-03T09:59:00Z")},  # not Ready now
+        {"d-9": report("uid-d-9", "2026-12-03T09:59:00Z")},  # no such pod
+        {"d-1": report("uid-earlier", "2026-12-03T09:59:00Z")},  # an earlier pod of the same name
+        {"d-1": report("uid-d-1", "2099-01-01T00:00:00Z")},  # stamped in the future
+        {"d-1": "not json"},
+        {"d-1": json.dumps(["a", "list"])},
+        {"d-1": report("uid-d-1", "yesterday")},
+    ):
+        assert kv_path(pods, data, NOW) is None, data
+    # a future stamp beside the genuine report never wins over it
+    two = {"d-1": genuine, "d-2": report("uid-d-2", "2099-01-01T00:00:00Z")}
+    got = kv_path([pod("d-1", ready=True), pod("d-2", ready=True)], two, NOW)
+    assert got is not None and got["pod"] == "d-1"
+    assert kv_path(pods, {"d-1": report("uid-d-1", "2026-12-03T10:00:30Z")}, NOW) is not None  # within clock skew
+    assert kv_path(pods, None, NOW) is None

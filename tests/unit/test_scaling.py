@@ -108,6 +108,27 @@ def test_the_report_names_the_decision_and_each_signal_against_its_target() -> N
     assert out["summary"] == "4->4 AtMax" and out["signals"] == ["kvCacheUsage 0.95/0.7"]
     assert decision(h, Bounds(1, 4, "held"), a)[0] == "HeldByRatio"
     assert autoscaler_status("decode", a, Bounds(1, 8), None, 2)["summary"] == "2->2 Pending"
+    # no metrics yet: the HPA's status says desiredReplicas 0, yet it scales nothing; the report keeps the count
+    blind = {"status": {"desiredReplicas": 0, "currentReplicas": 3, "conditions": [
+        {"type": "ScalingActive", "status": "False", "reason": "FailedGetExternalMetric"}]}}  # fmt: skip
+    out = autoscaler_status("decode", a, Bounds(1, 8), blind, 3)
+    assert (out["summary"], out["desiredReplicas"]) == ("3->3 NoMetrics", 3), out
+
+
+def test_a_target_the_hpa_cannot_hold_is_refused_by_the_schema() -> None:
+    """A target under 0.001 rounds to 0 milli-units, which the HPA refuses after the CRD admitted it."""
+    import pydantic
+    import pytest
+
+    metric = {"signal": "kvCacheUsage", "target": 1e-300}
+    bad = {"model": M, "decode": {"autoscaling": {"maxReplicas": 2, "metrics": [metric]}}}
+    with pytest.raises(pydantic.ValidationError, match="target"):
+        HybridPDDeploymentSpec.model_validate(bad)
+    metric["target"] = 0.001
+    doc = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment",
+           "metadata": {"name": "a", "namespace": "n"}, "spec": bad}  # fmt: skip
+    (h,) = [o for o in render([doc]) if o["kind"] == "HorizontalPodAutoscaler"]
+    assert h["spec"]["metrics"][0]["external"]["target"]["averageValue"] == "1m"
 
 
 def test_an_autoscaling_role_gets_an_hpa_on_external_metrics_and_its_deployment_no_replicas() -> None:

@@ -30,13 +30,9 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "get", "patch", "list", "watch"]
-# list+watch: the decode pods' own KV path reports (reason KVPath, field selector regarding.kind=Pod,reason=KVPath;
-# handlers._index_kv_event), read through events.k8s.io because the core/v1 watch above already has its selector;
-# their figures go into status.kvPath. create on core events (above) also lets the operator give each CR's decode pods
-# the `<cr>-kv-reporter` Role that may only create Events (RBAC escalation prevention).
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["list", "watch"]
+# create on core events (above) also lets the operator give each CR's decode pods the `<cr>-kv-reporter` Role that may
+# create Events (RBAC escalation prevention), as get+patch on configmaps (below) lets it grant get+patch on that CR's
+# kv-reporter ConfigMap, where the decode pods' KV path reports go (status.kvPath).
 # Children (apply.KINDS). list+watch: kopf's watch of each kind feeds the cache the reconcile reads (ownership,
 # desired-hash, Deployment status; handlers._register_children); patch: server-side apply of a child that is
 # missing, changed or drifted (apply.apply); create: the same apply PATCH creates a missing child, which the
@@ -45,7 +41,7 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
 # taken over (apply.foreign), and a child another manager touched is read back for the drift test
 # (handlers.needs_apply). No update: no such call is made.
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts"]
+  resources: ["services", "serviceaccounts", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]

@@ -1,13 +1,17 @@
-"""Decode's KV path report as an Event on its own pod (issue #26): the one call the runtime makes to the Kubernetes API.
+"""Decode's KV path report: the only calls the runtime makes to the Kubernetes API.
 
 The pair check and the canary measure the KV rate (`kvstats`); /readyz and the metrics carry it, and this module
-posts it as a core/v1 Event about the decode pod, reason `KVPath` (Normal; Warning below the declared fabric's floor),
-with the figures in annotations. `kubectl describe pod` shows it, and the operator, which watches Events of that
-reason, puts the newest of the serving generation into the CR's `status.kvPath` and its DataPathVerified condition.
+writes it twice:
+- into `data[<pod name>]` of the ConfigMap `<cr>-kv-reporter` (HPD_KV_REPORT_CONFIGMAP), a JSON object with the keys
+  `contract.KV_REPORT_FIELDS`. The operator reads only this into the CR's `status.kvPath` and its DataPathVerified
+  condition: only the CR's kv-reporter ServiceAccount may patch that ConfigMap (its Role names it), so no other CR's
+  pods and no one who may merely create Events can put a figure there;
+- as a core/v1 Event about the decode pod, reason `KVPath` (Normal; Warning below the declared fabric's floor), with
+  the figures in annotations, for `kubectl describe pod`.
 
-The pod's ServiceAccount (`<cr>-decode`, made by the operator) may only create Events in its namespace. Outside a
-cluster (no token, no KUBERNETES_SERVICE_HOST, no HPD_POD_NAME) nothing is posted. A failed post is logged, never
-raised: the report is a convenience, Ready does not depend on it.
+The pod's ServiceAccount (`<cr>-kv-reporter`, made by the operator) may patch that ConfigMap and create Events, nothing
+else. Outside a cluster (no token, no KUBERNETES_SERVICE_HOST, no HPD_POD_NAME) nothing is sent. A failed write is
+logged, never raised: the report is a convenience, Ready does not depend on it.
 
 Posting is rate-limited (`Reporter.due`): the first report, a change of the below-floor verdict, a rate that moved by
 more than RATE_CHANGE_FACTOR since the last posted one, or REPOST_SECONDS since it. A canary every 5 minutes thus
@@ -48,6 +52,8 @@ class Target:
     pod: str
     namespace: str
     uid: str
+    configmap: str | None = None
+    """The CR's kv-reporter ConfigMap (None: no report into the status, the Event only)."""
 
 
 def target_from_env(env: Mapping[str, str] | None = None) -> Target | None:
@@ -60,12 +66,17 @@ def target_from_env(env: Mapping[str, str] | None = None) -> Target | None:
         return None
     server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     ca = env.get("HPD_KUBE_CA_PATH", CA_PATH)
-    return Target(server, token, ca if os.path.exists(ca) else None, pod, ns, uid)
+    configmap = env.get(c.ENV_KV_REPORT_CONFIGMAP, "").strip() or None
+    return Target(server, token, ca if os.path.exists(ca) else None, pod, ns, uid, configmap)
+
+
+def _stamp(when: float) -> str:
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_body(t: Target, type_: str, message: str, annotations: Mapping[str, str], when: float) -> dict[str, Any]:
     """A core/v1 Event about the pod (pure)."""
-    stamp = datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = _stamp(when)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -83,16 +94,34 @@ def event_body(t: Target, type_: str, message: str, annotations: Mapping[str, st
     }
 
 
+def report_patch(t: Target, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that puts this pod's report into the kv-reporter ConfigMap (pure): only its own key changes."""
+    doc = {k: report[k] for k in c.KV_REPORT_FIELDS if report.get(k) is not None}
+    return {"data": {t.pod: json.dumps(doc, sort_keys=True, separators=(",", ":"))}}
+
+
 def post(t: Target, body: Mapping[str, Any]) -> int:
     """POST the Event; the HTTP status (201 on success), 0 when the apiserver could not be reached."""
+    return _send(t, "POST", f"/api/v1/namespaces/{t.namespace}/events", body, "application/json")
+
+
+def patch_report(t: Target, body: Mapping[str, Any]) -> int:
+    """PATCH the kv-reporter ConfigMap; the HTTP status (200 on success), 0 when unreachable or no ConfigMap."""
+    if t.configmap is None:
+        return 0
+    path = f"/api/v1/namespaces/{t.namespace}/configmaps/{t.configmap}"
+    return _send(t, "PATCH", path, body, "application/merge-patch+json")
+
+
+def _send(t: Target, method: str, path: str, body: Mapping[str, Any], content_type: str) -> int:
     with open(t.token_path, encoding="utf-8") as fh:
         token = fh.read().strip()
     ctx = ssl.create_default_context(cafile=t.ca_path) if t.ca_path else ssl.create_default_context()
     req = urllib.request.Request(
-        f"{t.server}/api/v1/namespaces/{t.namespace}/events",
+        f"{t.server}{path}",
         data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": content_type},
     )
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_SECONDS, context=ctx) as resp:
@@ -118,8 +147,11 @@ class Reporter:
             return True
         return not (self.last_rate / RATE_CHANGE_FACTOR <= rate <= self.last_rate * RATE_CHANGE_FACTOR)
 
-    def report(self, message: str, *, rate: float, per_request: float, fabric: str, slow: bool) -> bool:
-        """Post one report if due; True when an Event was created."""
+    def report(
+        self, message: str, *, rate: float, per_request: float, fabric: str, slow: bool, transport: str | None = None
+    ) -> bool:
+        """Write one report if due (the ConfigMap, then the Event); True when the ConfigMap took it (or, with no
+        ConfigMap configured, when the Event was created)."""
         if self.target is None:
             return False
         now = time.time()
@@ -132,10 +164,19 @@ class Reporter:
                 c.ANNOTATION_KV_FABRIC: fabric,
                 c.ANNOTATION_KV_BELOW_FLOOR: "true" if slow else "false",
             }
+            report = {
+                "uid": self.target.uid, "bytesPerSecond": round(rate), "bytesPerRequest": round(per_request),
+                "fabric": fabric, "belowFloor": slow, "message": message[:1024], "observedTime": _stamp(now),
+                "transport": transport,
+            }  # fmt: skip
+            stored = patch_report(self.target, report_patch(self.target, report))
+            if self.target.configmap is not None and stored != 200:
+                log_event("kv_path_report_failed", level="warning", status=stored, server=self.target.server)
             body = event_body(self.target, "Warning" if slow else "Normal", message, annotations, now)
             status = post(self.target, body)
             if status != 201:
                 log_event("kv_path_event_failed", level="warning", status=status, server=self.target.server)
+            if (stored if self.target.configmap is not None else status) not in (200, 201):
                 return False
             self.last_rate, self.last_slow, self.last_at = rate, slow, now
         log_event("kv_path_event", pod=self.target.pod, type="Warning" if slow else "Normal")

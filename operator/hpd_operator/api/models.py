@@ -319,8 +319,10 @@ class AutoscalingMetric(_Model):
     """`waitingRequests` (vllm:num_requests_waiting: queued whole prompts, prefill's backlog),
     `promptTokensPerSecond` (rate of vllm:prompt_tokens_total), `kvCacheUsage` (vllm:kv_cache_usage_perc, 0-1) or
     `runningRequests` (vllm:num_requests_running: the running batch)."""
-    target: float = Field(gt=0, le=1_000_000)
-    """The per-replica average to hold: e.g. 4 waiting requests, 0.7 of the KV cache, 32 running requests."""
+    target: float = Field(ge=0.001, le=1_000_000)
+    """The per-replica average to hold: e.g. 4 waiting requests, 0.7 of the KV cache, 32 running requests. At least
+    0.001: the HorizontalPodAutoscaler takes a quantity in milli-units, and a smaller target would round to 0, which
+    it refuses."""
 
 
 class AutoscalingSpec(_Model):
@@ -761,8 +763,9 @@ class RolloutStatus(_Model):
 
 
 class KVPathStatus(_Model):
-    """The KV path as the serving generation's decode last measured it (its pair check or canary: the newest `KVPath`
-    Event of a Ready decode pod, hpd_runtime/kube_events.py)."""
+    """The KV path as the serving generation's decode last measured it (its pair check or canary: the newest report
+    of a Ready decode pod in the ConfigMap `<cr>-kv-reporter`, which only the CR's own decode pods may write;
+    hpd_runtime/kube_events.py)."""
 
     pod: str | None = None
     message: str | None = Field(default=None, max_length=1024)
@@ -770,6 +773,9 @@ class KVPathStatus(_Model):
     bytes_per_second: int | None = None
     bytes_per_request: int | None = None
     fabric: str | None = None
+    transport: str | None = Field(default=None, max_length=200)
+    """The transport UCX chose for the KV reads, as the decode saw it (e.g. `cuda_ipc`, or `tcp` emulation between
+    pods in separate PID namespaces), when it could tell."""
     below_floor: bool | None = None
     """Under spec.kvTransfer.floorGBps: did UCX fall back to TCP? (Ready is not touched)."""
     observed_time: str | None = None

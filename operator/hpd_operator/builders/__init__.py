@@ -59,7 +59,9 @@ def build_all(
     (a LeaderWorkerSet) never autoscales (validation refuses it), so its replicas are always the spec's."""
     plan = plan or fresh_plan(generation_hash(cr, profile), group_roles(cr))
     serving = not plan.rolling
-    out: list[Manifest] = []
+    # ServiceAccounts and RBAC first: apply walks this list in order, and a workload created before its
+    # ServiceAccount fails its first pods ("serviceaccount not found") until the ReplicaSet controller retries.
+    out: list[Manifest] = [*build_router_rbac(cr), *build_kv_reporter_rbac(cr)]
     for role in contract.ROLES:
         out.append(build_engine_service(cr, role, plan.desired))
         if cr.spec.role(role).multi_node:
@@ -70,8 +72,6 @@ def build_all(
         pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)
-    out += build_router_rbac(cr)
-    out += build_kv_reporter_rbac(cr)
     out.append(build_router_service(cr))
     out.append(build_router_deployment(cr, plan.route))
     router_pdb = build_router_pdb(cr)

@@ -226,10 +226,11 @@ def _engine_pod_spec(
 ) -> dict[str, Any]:
     rs = cr.spec.role(role)
     volumes, mounts = _engine_volumes(cr)
-    reports = role == "decode" and cr.spec.warmup.pair_checked and group_role != contract.GROUP_WORKER
+    reports = reports_kv_path(cr, role, group_role)
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API. Only a decode that runs the pair check (a group's leader) gets a
-        # token, of a ServiceAccount that may only create Events (its KV path report, build_kv_reporter_rbac).
+        # token, of a ServiceAccount that may only create Events and patch its CR's KV report ConfigMap
+        # (build_kv_reporter_rbac).
         **({"serviceAccountName": kv_reporter_name(cr.metadata.name)} if reports else {}),
         "automountServiceAccountToken": reports,
         **POD_SECURITY_DEFAULTS,
@@ -395,20 +396,33 @@ def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generatio
     }
 
 
+def reports_kv_path(cr: HybridPDDeployment, role: contract.Role, group_role: contract.GroupRole | None) -> bool:
+    """Whether this engine pod measures and reports the KV path: a decode that runs the pair check (a group's
+    leader, not its workers)."""
+    return role == "decode" and cr.spec.warmup.pair_checked and group_role != contract.GROUP_WORKER
+
+
 def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
-    """ServiceAccount + Role (create Events in the namespace) + RoleBinding for the decode pods, which post their
-    measured KV path as an Event on themselves (hpd_runtime/kube_events.py); none without the pair check."""
+    """What the decode pods report their measured KV path with (hpd_runtime/kube_events.py): a ServiceAccount, a
+    ConfigMap of the same name whose `data[<pod>]` holds each pod's report (the operator writes no data; it reads
+    the reports into status.kvPath), and a Role that may patch only that ConfigMap and create Events (the same
+    report on the pod, for `kubectl describe pod`). None without the pair check. Listed before the workloads that
+    use them, so a first deploy never meets "serviceaccount not found"."""
     if not cr.spec.warmup.pair_checked:
         return []
     name, ns = cr.metadata.name, cr.metadata.namespace
     rn = kv_reporter_name(name)
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(name, ns, rn, "decode")},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(name, ns, rn, "decode")},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": metadata(name, ns, rn, "decode"),
-            "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}],
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [rn], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
