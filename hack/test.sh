@@ -9,6 +9,7 @@ hack/prometheus.sh >/dev/null
 hack/image-tools.sh  # buildah + mmdebstrap from Debian: the image tests build our images for real
 hack/real-node-tools.sh  # containerd, runc, CNI plugins, busybox-static from Debian: the real node's runtime
 hack/actionlint.sh >/dev/null  # the release workflow's linter, built once from its Go module
+hack/scan-tools.sh >/dev/null  # checkov (PyPI) in its own venv, once: tests/chart/test_checkov.py
 # cyclonus, the NetworkPolicy evaluator of tests/cluster/test_network_policy.py, and LeaderWorkerSet (the multi-node
 # roles' tests/cluster/test_multi_node.py), each built once from its Go module
 .venv/bin/python -m hpd_devcluster build --test-tools >/dev/null
