@@ -254,6 +254,11 @@ def evaluate_readiness(state: RuntimeState, cfg: RuntimeConfig) -> tuple[bool, s
     worker serves no API: ready while its headless ranks run (hpd_runtime.group)."""
     if cfg.worker:
         return _worker_readiness(state)
+    if state.child_alive() is False:
+        # vLLM exited: not Ready at once, without waiting for a connection to a port nothing listens on any more
+        state.metrics.vllm_healthy.set(0)
+        state.note_ready(False)
+        return False, "vLLM process exited"
     status = health_status(cfg.vllm_host, cfg.vllm_port, timeout=HEALTH_TIMEOUT_SECONDS)
     state.metrics.vllm_healthy.set(1 if status == 200 else 0)
     if state.draining.is_set():
