@@ -207,8 +207,11 @@ def ensure_node_images(bins: Path) -> dict[str, Path]:
     return out
 
 
-def import_image(node: RealNode, archive: Path) -> None:
-    """Load a docker- or OCI-archive into the node's containerd (what the kubelet runs with imagePullPolicy Never)."""
+def import_image(node: RealNode, archive: Path, ref: str | None = None) -> None:
+    """Load a docker- or OCI-archive into the node's containerd (what the kubelet runs with imagePullPolicy Never);
+    nothing to do when the node already has `ref`."""
+    if ref is not None and ref in _ctr(node, "images", "ls", "-q").split():
+        return
     _ctr(node, "images", "import", "--no-unpack=false", str(archive))
 
 
@@ -660,4 +663,21 @@ def ensure_engine_standin() -> tuple[str, Path]:
             partial.unlink(missing_ok=True)
             images._run("standin-push", [*images.buildah(), "push", ref, f"docker-archive:{partial}:{ref}"])
             partial.rename(archive)
+            _prune_standins(ref, archive)
     return ref, archive
+
+
+def _prune_standins(keep_ref: str, keep_archive: Path) -> None:
+    """Older stand-in builds (a new one follows every change of the wheel's sources): their archive and image."""
+    from hpd_devcluster import images
+
+    for old in keep_archive.parent.glob(STANDIN_REPO.rsplit("/", 1)[-1] + "_*.tar"):
+        if old != keep_archive:
+            old.unlink(missing_ok=True)
+    listed = subprocess.run([*images.buildah(), "images", "--json", "--filter", f"reference={STANDIN_REPO}"],
+                            capture_output=True, text=True, env=images._env(), check=False)  # fmt: skip
+    if listed.returncode != 0 or not listed.stdout.strip():
+        return
+    for image in json.loads(listed.stdout):
+        if not any(keep_ref in name for name in image.get("names") or []):
+            subprocess.run([*images.buildah(), "rmi", image["id"]], capture_output=True, env=images._env(), check=False)

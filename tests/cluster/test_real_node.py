@@ -274,7 +274,7 @@ def test_rendered_prefill_runs_the_runtime_and_serves_after_its_warmup(
     as the operator renders it, with the runtime tests' fake vLLM in place of vLLM (a test-only image variant)."""
     ns, core = restricted_ns, client.CoreV1Api(api_client)
     ref, archive = realnode.ensure_engine_standin()
-    realnode.import_image(real_node, archive)
+    realnode.import_image(real_node, archive, ref)
     template = role_template(rendered, "prefill")
     pod = start_pod(api_client, ns, placed(template, "prefill-0", ref))
     env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
@@ -289,6 +289,53 @@ def test_rendered_prefill_runs_the_runtime_and_serves_after_its_warmup(
     with urllib.request.urlopen(req, timeout=10) as resp:
         answer = json.load(resp)
     assert answer["choices"] and answer["usage"]["completion_tokens"] == 3, answer
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)
+
+
+def post_json(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
+
+
+def test_decode_turns_ready_after_its_pair_check_with_a_real_prefill_pod(
+    real_node: realnode.RealNode, api_client: client.ApiClient, restricted_ns: str, rendered: list[dict[str, Any]]
+) -> None:
+    """Decode's runtime pairs with a prefill pod over the pods' network (decode pod -> prefill pod) before Ready.
+    This node has no cluster DNS: the prefill Service's name resolves through the pod's /etc/hosts (hostAliases,
+    the one substitution beyond `placed`)."""
+    ns, core = restricted_ns, client.CoreV1Api(api_client)
+    ref, archive = realnode.ensure_engine_standin()
+    realnode.import_image(real_node, archive, ref)
+    prefill = start_pod(api_client, ns, placed(role_template(rendered, "prefill"), "prefill-0", ref))
+    wait_for(lambda: is_ready(core.read_namespaced_pod("prefill-0", ns)), 180, what="prefill Ready")
+    template = role_template(rendered, "decode")
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert env["HPD_WARMUP_PAIR_CHECK"] == "true"
+    pod = placed(template, "decode-0", ref)
+    pod["spec"]["hostAliases"] = [{"ip": prefill.status.pod_ip, "hostnames": [env["HPD_PREFILL_SERVICE"]]}]
+    decode = start_pod(api_client, ns, pod)
+    wait_for(lambda: is_ready(core.read_namespaced_pod("decode-0", ns)), 180, what="decode Ready after its pair check")
+
+    port = env["HPD_VLLM_PORT"]
+    p_url, d_url = f"http://{prefill.status.pod_ip}:{port}", f"http://{decode.status.pod_ip}:{port}"
+    to_prefill = [r for r in get_json(f"{p_url}/_requests") if (r["body"] or {}).get("kv_transfer_params")]
+    from_prefill = [r for r in get_json(f"{d_url}/_requests")
+                    if ((r["body"] or {}).get("kv_transfer_params") or {}).get("do_remote_prefill")]  # fmt: skip
+    assert to_prefill, "decode's pair check sent nothing to the prefill pod"
+    assert from_prefill, "decode's pair check never decoded from prefill's KV"
+
+    # One request as the router sends it: prefill, then decode with prefill's kv_transfer_params.
+    prompt = {"model": env["HPD_MODEL"], "prompt": [5, 6, 7, 8], "max_tokens": 1}
+    first = post_json(f"{p_url}/v1/completions", {**prompt, "kv_transfer_params": {"do_remote_decode": True}})
+    assert first["kv_transfer_params"]["do_remote_prefill"] is True
+    answer = post_json(f"{d_url}/v1/completions", {**prompt, "max_tokens": 4,
+                                                   "kv_transfer_params": first["kv_transfer_params"]})  # fmt: skip
+    assert answer["usage"]["completion_tokens"] == 4 and answer["choices"][0]["text"], answer
 
 
 def test_stop_puts_the_host_back(real_node: realnode.RealNode, devcluster: cluster.ClusterState) -> None:
