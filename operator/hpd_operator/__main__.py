@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from hpd_operator import render
@@ -45,6 +46,14 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="vLLM image of CRs that leave spec.image out; {version} becomes their spec.vllmVersion",
     )
     p.add_argument(
+        "--vllm-image-digest",
+        action="append",
+        default=[],
+        type=_digest,
+        metavar="VERSION=sha256:...",
+        help="pin the default vLLM image of VERSION ({version} in --vllm-image) to this digest (repeatable)",
+    )
+    p.add_argument(
         "--router-image", default=c.DEFAULT_ROUTER_IMAGE, help="router image of CRs that leave spec.router.image out"
     )
     p.add_argument(
@@ -64,6 +73,13 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return n
+
+
+def _digest(text: str) -> tuple[str, str]:
+    version, sep, digest = text.partition("=")
+    if not sep or not version or re.fullmatch(r"sha256:[0-9a-f]{64}", digest) is None:
+        raise argparse.ArgumentTypeError(f"expected VERSION=sha256:<64 hex digits>, got {text!r}")
+    return version, digest
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -89,6 +105,7 @@ def run(ns: argparse.Namespace) -> int:
             recheck_seconds=ns.recheck_seconds,
             not_scheduled_seconds=ns.not_scheduled_seconds,
             vllm_image=ns.vllm_image,
+            vllm_image_digests=tuple(ns.vllm_image_digest),
             router_image=ns.router_image,
             pod_monitor_labels=tuple(ns.pod_monitor_label),
         )

@@ -380,6 +380,7 @@ def parse(run: Run) -> None:
         vllm_image=cfg.vllm_image,
         router_image=cfg.router_image,
         pod_monitor_labels=dict(cfg.pod_monitor_labels),
+        vllm_digests=dict(cfg.vllm_image_digests),
     )
     run.profile = compute_profile(validate(run.cr))
     run.notes.extend(run.profile.warnings)

@@ -58,6 +58,8 @@ class OperatorConfig:
     """How often a CR whose child name is held by an object the operator does not watch (no managed-by label) is
     re-queued to look again (no event announces that object's deletion)."""
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE
+    vllm_image_digests: tuple[tuple[str, str], ...] = ()
+    """(vLLM version, sha256:...) pairs: the default image of that version runs pinned (`--vllm-image-digest`)."""
     router_image: str = c.DEFAULT_ROUTER_IMAGE
     pod_monitor_labels: tuple[tuple[str, str], ...] = ()
     """Labels on every CR's PodMonitors (the chart's podMonitors.labels, e.g. release: kube-prometheus-stack)."""

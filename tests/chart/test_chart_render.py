@@ -171,7 +171,7 @@ def test_app_version_is_the_operator_version_and_image_defaults_are_the_operator
     assert chart["appVersion"] == project["version"]
     v = values()
     assert v["image"]["repository"] == "ghcr.io/hybridpd/hybrid-pd-operator" and v["image"]["tag"] == ""
-    assert v["images"] == {"vllm": c.VLLM_IMAGE_TEMPLATE, "router": c.DEFAULT_ROUTER_IMAGE}
+    assert v["images"] == {"vllm": c.VLLM_IMAGE_TEMPLATE, "router": c.DEFAULT_ROUTER_IMAGE, "vllmDigests": {}}
 
 
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][\w.-]*):")
@@ -221,3 +221,10 @@ def test_the_operator_pods_network_policy_admits_only_its_metrics_port(helm: Hel
     assert [r["ports"][0]["port"] for r in rules] == [9091, 8081]
     assert rules[0]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert not [d for d in helm.template("--set", "networkPolicy.enabled=false") if d["kind"] == "NetworkPolicy"]
+
+
+def test_vllm_digests_become_the_operators_digest_flags(helm: Helm) -> None:
+    digest = "sha256:" + "0" * 64
+    args = container(helm.template("--set", f"images.vllmDigests.0\\.20\\.0={digest}"))["args"]
+    assert f"--vllm-image-digest=0.20.0={digest}" in args
+    assert not [a for a in container(helm.template())["args"] if a.startswith("--vllm-image-digest")]

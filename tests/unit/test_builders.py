@@ -519,3 +519,23 @@ def test_status_names_an_image_that_is_not_pinned_by_digest() -> None:
     doc["spec"]["router"]["image"] = f"registry.example.com/vllm-router:0.1.17@{digest}"
     pinned = injected(doc)
     assert pinned["image"]["reason"] == pinned["router.image"]["reason"] == "pinned by digest"
+
+
+def test_a_digest_for_the_crs_version_pins_the_operators_default_vllm_image() -> None:
+    from hpd_operator.__main__ import _digest
+    from hpd_operator.api.parse import parse_cr
+
+    digest = "sha256:" + "ab" * 32
+    doc = seed_doc()
+    doc["spec"].pop("image", None)  # the operator's default image, ghcr.io/hybridpd/vllm-runtime:{version}
+    pinned = parse_cr(doc, vllm_digests={doc["spec"]["vllmVersion"]: digest})
+    assert pinned.spec.image == f"ghcr.io/hybridpd/vllm-runtime:{doc['spec']['vllmVersion']}@{digest}"
+    reasons = {i["setting"]: i["reason"] for i in compute_profile(validate(pinned)).status()["injections"]}
+    assert reasons["image"] == "pinned by digest"
+    other = parse_cr(doc, vllm_digests={"0.99.0": digest})  # no digest for this version: the tag, named unpinned
+    assert "@" not in other.spec.image
+    doc["spec"]["image"] = "registry.example.com/mine:1"  # the CR's own image is never changed
+    assert parse_cr(doc, vllm_digests={doc["spec"]["vllmVersion"]: digest}).spec.image == "registry.example.com/mine:1"
+    assert _digest(f"0.20.0={digest}") == ("0.20.0", digest)
+    with pytest.raises(Exception, match="expected VERSION=sha256"):
+        _digest("0.20.0=sha256:abc")

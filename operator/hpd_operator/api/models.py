@@ -820,16 +820,26 @@ class HybridPDDeployment(BaseModel):
 
 
 def with_default_images(
-    cr: HybridPDDeployment, *, vllm_image: str, router_image: str, image_set: bool = True
+    cr: HybridPDDeployment,
+    *,
+    vllm_image: str,
+    router_image: str,
+    image_set: bool = True,
+    vllm_digests: Mapping[str, str] | None = None,
 ) -> HybridPDDeployment:
     """`cr` with the operator's default images where the CR leaves them out (pure; OPERATOR_DEFAULT). `vllm_image`
     may name `{version}` (the operator's default, c.VLLM_IMAGE_TEMPLATE): it becomes spec.vllmVersion, so a CR
-    that only sets vllmVersion runs our image of that version. `image_set`: whether the CR itself named spec.image
-    (the model fills it from vllmVersion when parsed directly, so the caller tells)."""
+    that only sets vllmVersion runs our image of that version, pinned by its digest when `vllm_digests` (the
+    operator's `--vllm-image-digest VERSION=sha256:...`, chart `images.vllmDigests`) knows that version.
+    `image_set`: whether the CR itself named spec.image (the model fills it from vllmVersion when parsed directly, so
+    the caller tells)."""
     spec = cr.spec
     update: dict[str, Any] = {}
     if not image_set:
         update["image"] = vllm_image.replace("{version}", spec.vllm_version)
+        digest = (vllm_digests or {}).get(spec.vllm_version)
+        if digest and "{version}" in vllm_image and "@" not in vllm_image:
+            update["image"] += f"@{digest}"
     if "image" not in spec.router.model_fields_set:
         update["router"] = spec.router.model_copy(update={"image": router_image})
     if not update:

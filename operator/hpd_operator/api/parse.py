@@ -23,10 +23,12 @@ def parse_cr(
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE,
     router_image: str = c.DEFAULT_ROUTER_IMAGE,
     pod_monitor_labels: Mapping[str, str] | None = None,
+    vllm_digests: Mapping[str, str] | None = None,
 ) -> HybridPDDeployment:
     """Parse one CR dict; schema errors become a SpecError with camelCase field paths. Images the CR leaves out
     become the given defaults (the operator passes its `--vllm-image/--router-image`), and its
-    `--pod-monitor-label`s go under the CR's own spec.monitoring.labels."""
+    `--pod-monitor-label`s go under the CR's own spec.monitoring.labels; `vllm_digests` (`--vllm-image-digest`) pins
+    the default vLLM image of a version it names."""
     try:
         cr = HybridPDDeployment.model_validate(obj)
     except pydantic.ValidationError as err:
@@ -35,5 +37,7 @@ def parse_cr(
     if problems:
         raise SpecError(problems)
     image_set = isinstance(obj.get("spec"), dict) and obj["spec"].get("image") is not None
-    cr = with_default_images(cr, vllm_image=vllm_image, router_image=router_image, image_set=image_set)
+    cr = with_default_images(
+        cr, vllm_image=vllm_image, router_image=router_image, image_set=image_set, vllm_digests=vllm_digests
+    )
     return with_default_pod_monitor_labels(cr, pod_monitor_labels or {})
