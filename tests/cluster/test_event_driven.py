@@ -360,7 +360,7 @@ def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
             and not (sc.capabilities.add or [])
             and sc.capabilities.drop == ["ALL"]
             and sc.run_as_non_root is True
-            and sc.run_as_user == 1000
+            and sc.run_as_user == contract.IMAGE_UID
             and sc.seccomp_profile.type == "RuntimeDefault"
         )
 

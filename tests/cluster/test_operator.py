@@ -109,7 +109,7 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert sp.failure_threshold * sp.period_seconds >= 900 + 1800
         assert {p.name: p.container_port for p in c.ports} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
         pod_spec = dep.spec.template.spec
-        assert pod_spec.security_context.run_as_non_root is True and pod_spec.security_context.run_as_user == 1000
+        assert pod_spec.security_context.run_as_non_root is True and pod_spec.security_context.run_as_user == contract.IMAGE_UID
         assert c.security_context.allow_privilege_escalation is False
         vols = {v.name: v for v in pod_spec.volumes}
         assert vols["dshm"].empty_dir.medium == "Memory"
