@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hpd_runtime import contract as c
-from hpd_runtime import kube_events, kvstats
+from hpd_runtime import kube_events, kvstats, ucx_transport
 from hpd_runtime import paircheck as pc
 from hpd_runtime.config import RuntimeConfig
 from hpd_runtime.http_client import RequestError, Response, base_url, request
@@ -233,10 +233,17 @@ class PairMonitor:
         if kv is None or kv.bytes_per_second is None or kv.bytes_per_transfer is None:
             return
         fabric, floor = self.cfg.kv_fabric, self.cfg.kv_floor_bytes_per_second
+        transport = self.state.kv_transport()
         report = kv.describe(fabric)
+        if transport is not None:
+            report += f"; UCX transport {transport}"
+            if transport == ucx_transport.TCP_EMULATION:
+                report += f" ({ucx_transport.TCP_EMULATION_WHY})"
         slow = floor > 0 and kv.bytes_per_second < floor
         if slow:
-            report += f": below the {floor / 1e9:g} GB/s floor of fabric {fabric} (did UCX fall back to TCP?)"
+            report += f": below the {floor / 1e9:g} GB/s floor of fabric {fabric}"
+            if transport is None:
+                report += " (did UCX fall back to TCP?)"
         m = self.state.metrics
         m.kv_bytes_per_second.labels(fabric=fabric).set(kv.bytes_per_second)
         m.kv_bytes_per_request.labels(fabric=fabric).set(kv.bytes_per_transfer)
@@ -244,7 +251,12 @@ class PairMonitor:
         self.state.set_kv_report(report)
         log_event("kv_path", level="warning" if slow else "info", report=report)
         self.reporter.report(
-            report, rate=kv.bytes_per_second, per_request=kv.bytes_per_transfer, fabric=fabric, slow=slow
+            report,
+            rate=kv.bytes_per_second,
+            per_request=kv.bytes_per_transfer,
+            fabric=fabric,
+            slow=slow,
+            transport=transport,
         )
 
     def record(self, host: str, port: int, result: PairResult) -> None:
