@@ -114,11 +114,19 @@ class Reason(StrEnum):
     """An old generation drained (no router pod selects it any more) and was removed."""
     GENERATION_CANCELLED = "GenerationCancelled"
     """A generation that never served was removed: the spec went back to the serving one, or moved on."""
+    # degraded mode (spec.router.degradedMode): the endpoint serves colocated on the role that is left
+    DECODE_UNAVAILABLE = "DecodeUnavailable"
+    """No Ready decode pod of the serving generation: the endpoint serves colocated on its prefill pods."""
+    PREFILL_UNAVAILABLE = "PrefillUnavailable"
+    """No Ready prefill pod of the serving generation: the endpoint serves colocated on its decode pods."""
+    PD_RESTORED = "PDRestored"
+    """The missing role is Ready again (decode: its pair check passed): the endpoint is the router again (Event)."""
 
 
 FAILURE_REASONS: frozenset[Reason] = frozenset(
     {Reason.INVALID_SPEC, Reason.APPLY_FAILED, Reason.OWNERSHIP_CONFLICT, Reason.RECONCILE_ERROR, Reason.LWS_MISSING}
 )
+FALLBACK_REASONS: frozenset[Reason] = frozenset({Reason.DECODE_UNAVAILABLE, Reason.PREFILL_UNAVAILABLE})
 ROLE_PROBLEM_REASONS: frozenset[Reason] = frozenset(
     {Reason.ROLLOUT_FAILED, Reason.UNSCHEDULABLE, Reason.NODE_LOST, Reason.NOT_SCHEDULED}
 )

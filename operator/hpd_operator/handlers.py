@@ -70,6 +70,8 @@ from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import instance_label, kv_reporter_name
 from hpd_operator.api.parse import parse_cr
 from hpd_operator.builders import Manifest, build_all, generation_hash, group_roles
+from hpd_operator.builders.fallback import Fallback
+from hpd_operator.builders.fallback import choose as choose_fallback
 from hpd_operator.cache import Cache, CRKey, plain
 from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
@@ -342,6 +344,8 @@ class Run:
     role_details: dict[str, str] = field(default_factory=dict)
     plan: generations.Plan | None = None
     """Which generation the spec asks for, which one the router routes to, which ones stay (set by `build`)."""
+    fallback: Fallback | None = None
+    """Degraded mode: the endpoint serves colocated on the role left of the routed generation (set by `build`)."""
     rollout: generations.RolloutView | None = None
     """The generations as observed after the writes (set by `observe`): what the status reports."""
     failure: Failure | None = None
@@ -418,7 +422,8 @@ def build(run: Run) -> None:
     try:
         run.plan = plan(run)
         scale(run, run.plan)
-        desired = build_all(run.cr, run.profile, run.plan, run.bounds, run.start)
+        run.fallback = degraded_mode(run, run.plan)
+        desired = build_all(run.cr, run.profile, run.plan, run.bounds, run.start, fallback=run.fallback)
     except Exception as e:  # the schema let through something a builder cannot use: say where to look
         free = free_form_fields(run.cr)
         hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""
@@ -434,6 +439,17 @@ def build(run: Run) -> None:
     for obj in desired:
         kopf.append_owner_reference(obj, owner=cast("kopf.Body", run.body))
     run.desired = [drift.stamped(obj) for obj in desired]
+
+
+def degraded_mode(run: Run, plan: generations.Plan) -> Fallback | None:
+    """Whether the endpoint serves colocated (hpd_operator.builders.fallback.choose), from the routed generation's
+    pods as the cache holds them: the pod watch reconciles the CR when a pod's readiness changes."""
+    assert run.cr is not None
+    live = generations.observe(
+        run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
+    )
+    gen = live.generations.get(plan.route.hash)
+    return choose_fallback(run.cr, plan, gen.pods if gen is not None else {})
 
 
 def scale(run: Run, plan: generations.Plan) -> None:
@@ -765,6 +781,7 @@ def write_report(run: Run) -> dict[str, Any]:
         not_scheduled_after=settings.current().not_scheduled_seconds,
         rollout=run.rollout,
         kv_path=kv_path_report(run),
+        fallback=(run.fallback.reason, run.fallback.message, run.fallback.serving) if run.fallback else None,
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
     try:

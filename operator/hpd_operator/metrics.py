@@ -116,6 +116,11 @@ _SIGNAL_RATIO = (
     "An autoscaling role's signal per replica over its target, as its HPA last read it (above 1: it wants more "
     "replicas), per CR, role and signal.",
 )
+_SERVING_COLOCATED = (
+    "hpd_operator_serving_colocated",
+    "1 while the CR's endpoint serves colocated on one role (degraded mode: no Ready pod of the other role), per "
+    "CR and the role it serves on; 0 while it serves through the router.",
+)
 _TIME_TO_READY = (
     "hpd_operator_time_to_ready_seconds",
     "Seconds from the CR's creation to its (latest) Ready=True transition; absent while never Ready.",
@@ -131,6 +136,8 @@ class _PerCR:
     time_to_ready: float | None
     scalers: tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...] = ()
     """(role, at its maximum, ((signal, value / target), ...)) per autoscaling role."""
+    colocated_on: str | None = None
+    """Degraded mode: the role the endpoint serves on (status.serving `colocated on <role>`); None: the router."""
 
 
 _per_cr: dict[tuple[str, str], _PerCR] = {}
@@ -152,7 +159,10 @@ class _PerCRCollector(Collector):
         took = GaugeMetricFamily(*_TIME_TO_READY, labels=cr_labels)
         at_max = GaugeMetricFamily(*_AT_MAX, labels=[*cr_labels, "role"])
         ratio = GaugeMetricFamily(*_SIGNAL_RATIO, labels=[*cr_labels, "role", "signal"])
+        colocated = GaugeMetricFamily(*_SERVING_COLOCATED, labels=[*cr_labels, "role"])
         for (ns, name), r in records:
+            for role in ROLES:
+                colocated.add_metric([ns, name, role], 1 if r.colocated_on == role else 0)
             for role, top, signals in r.scalers:
                 at_max.add_metric([ns, name, role], 1 if top else 0)
                 for signal, value in signals:
@@ -164,7 +174,7 @@ class _PerCRCollector(Collector):
                 ready.add_metric([ns, name, role], n)
             if r.time_to_ready is not None:
                 took.add_metric([ns, name], r.time_to_ready)
-        yield from (by_phase, phase, desired, ready, took, at_max, ratio)
+        yield from (by_phase, phase, desired, ready, took, at_max, ratio, colocated)
 
 
 REGISTRY.register(_PerCRCollector())
@@ -263,12 +273,19 @@ def record_status(namespace: str, name: str, status: Mapping[str, Any], created:
         ready=tuple(ready),
         time_to_ready=time_to_ready(created, list(status.get("conditions") or [])),
         scalers=scaler_records(status),
+        colocated_on=colocated_on(status),
     )
     with _per_cr_lock:
         old = _per_cr.get((namespace, name))
         if record.time_to_ready is None and old is not None:  # the latest Ready transition's figure stays
             record = dataclasses.replace(record, time_to_ready=old.time_to_ready)
         _per_cr[(namespace, name)] = record
+
+
+def colocated_on(status: Mapping[str, Any]) -> str | None:
+    """Pure: the role a status says the endpoint serves on in degraded mode (status.serving), or None."""
+    serving = str(status.get("serving") or "")
+    return serving.removeprefix("colocated on ") if serving.startswith("colocated on ") else None
 
 
 def scaler_records(status: Mapping[str, Any]) -> tuple[tuple[str, bool, tuple[tuple[str, float], ...]], ...]:

@@ -23,6 +23,7 @@ from hpd_operator.api.names import endpoint_url, selector_string
 from hpd_operator.conditions import (
     COMPONENT_CONDITION,
     FAILURE_REASONS,
+    FALLBACK_REASONS,
     ROLE_PROBLEM_REASONS,
     ConditionType,
     Failure,
@@ -276,6 +277,7 @@ def compute_status(
     rollout: RolloutView | None = None,
     autoscalers: Mapping[str, Mapping[str, Any]] | None = None,
     kv_path: Mapping[str, Any] | None = None,
+    fallback: tuple[Reason, str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole `status` (camelCase) for one CR.
 
@@ -288,8 +290,7 @@ def compute_status(
     output, hpd_operator.podevents); it is appended to that role's condition message while the role is not Ready.
     `rollout`: the CR's generations (the one the router routes to is what `observed`, `pods` and `role_details`
     stand for). `autoscalers`: each autoscaling role's status.<role>.autoscaler (scaling.autoscaler_status)."""
-    if failure is None and error is not None:
-        failure = Failure(Reason.INVALID_SPEC, error.message)
+    failure = failure if failure is not None or error is None else Failure(Reason.INVALID_SPEC, error.message)
     wait = not_scheduled_after
     gens = _Generations.of(spec, rollout, nodes, now, wait, failure=failure) if rollout is not None else None
     states = _states(spec, observed, pods or {}, nodes, now, not_scheduled_after=wait)
@@ -301,16 +302,16 @@ def compute_status(
     conds.append(_warmup_condition(spec, states))
     conds.append(_data_path_condition(spec, states["decode"], details.get("decode"), kv_path))
     conds.append(_profile_condition(profile, failure))
-    conds += _progress_conditions(states, failure)
+    conds += _progress_conditions(states, failure, fallback)
     if gens is not None:
         gens.annotate(conds, failure)
-    ready, phase = _ready_condition(states, failure)
+    ready, phase = _ready_condition(states, failure, fallback)
     if notes:
         ready["message"] += "; " + "; ".join(notes)
     conds.insert(0, ready)
     _stamp(conds, previous, generation, now)
 
-    out: dict[str, Any] = {"phase": str(phase), "conditions": conds}
+    out: dict[str, Any] = {"phase": str(phase), "conditions": conds, **_serving(spec, failure, fallback)}
     if generation is not None:
         out["observedGeneration"] = generation
     for comp in COMPONENTS:
@@ -739,8 +740,20 @@ def _profile_condition(profile: Profile | None, failure: Failure | None) -> dict
     )
 
 
-def _progress_conditions(states: Mapping[str, RoleState], failure: Failure | None) -> list[dict[str, str]]:
-    """Progressing and Degraded."""
+def _serving(
+    spec: HybridPDDeploymentSpec | None, failure: Failure | None, fallback: tuple[Reason, str, str] | None
+) -> dict[str, str]:
+    """status.serving: `router`, or degraded mode's `colocated on <role>` (`fallback`: reason, message, serving)."""
+    if spec is None or failure is not None:
+        return {}
+    return {"serving": fallback[2] if fallback is not None else "router"}
+
+
+def _progress_conditions(
+    states: Mapping[str, RoleState], failure: Failure | None, fallback: tuple[Reason, str, str] | None = None
+) -> list[dict[str, str]]:
+    """Progressing and Degraded. `fallback`: degraded mode (hpd_operator.builders.fallback) as (reason, message,
+    status.serving) while the endpoint serves colocated: Degraded=True with its reason, the problems after it."""
     rolling = [c for c, s in states.items() if s.rolling]
     if failure is not None and failure.reason == Reason.INVALID_SPEC:
         msg = "the spec is rejected; children are left as they were"
@@ -754,15 +767,21 @@ def _progress_conditions(states: Mapping[str, RoleState], failure: Failure | Non
     problems = [(r, f"{c}: {m}") for c, s in states.items() for r, m in s.problems]
     if failure is not None and failure.reason != Reason.INVALID_SPEC:
         problems.insert(0, (failure.reason, failure.message))
-    if problems:
+    if fallback is not None and failure is None:
+        reason, message, _ = fallback
+        degraded = _cond(ConditionType.DEGRADED, True, reason, "; ".join([message, *(m for _, m in problems)]))
+    elif problems:
         degraded = _cond(ConditionType.DEGRADED, True, problems[0][0], "; ".join(m for _, m in problems))
     else:
         degraded = _cond(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "no component is failing")
     return [progressing, degraded]
 
 
-def _ready_condition(states: Mapping[str, RoleState], failure: Failure | None) -> tuple[dict[str, str], Phase]:
-    degraded = any(s.problems for s in states.values())
+def _ready_condition(
+    states: Mapping[str, RoleState], failure: Failure | None, fallback: tuple[Reason, str, str] | None = None
+) -> tuple[dict[str, str], Phase]:
+    """Ready and the phase (Degraded while degraded mode serves colocated: `fallback`)."""
+    degraded = any(s.problems for s in states.values()) or fallback is not None
     rolling = any(s.rolling for s in states.values())
     scaled_to_zero = [c for c, s in states.items() if s.desired == 0]
     if failure is not None:
@@ -815,6 +834,8 @@ def transitions(
         out.append(("Warning", str(path["reason"]), str(path.get("message", ""))))
     deg, was_deg = cur.get(ConditionType.DEGRADED) or {}, prev.get(ConditionType.DEGRADED) or {}
     new_problem = (was_deg.get("status"), was_deg.get("reason")) != ("True", deg.get("reason"))
-    if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS and new_problem:
+    if deg.get("status") == "True" and deg.get("reason") in ROLE_PROBLEM_REASONS | FALLBACK_REASONS and new_problem:
         out.append(("Warning", str(deg["reason"]), str(deg.get("message", ""))))
+    if was_deg.get("reason") in FALLBACK_REASONS and deg.get("reason") not in FALLBACK_REASONS:
+        out.append(("Normal", str(Reason.PD_RESTORED), "serving through the router again: prefill and decode Ready"))
     return out

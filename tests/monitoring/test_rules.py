@@ -210,6 +210,15 @@ CASES: dict[str, Case] = {
         ],
         {**CR_LABELS, "role": "prefill"},
     ),
+    "HPDServingColocated": Case(
+        "5m",
+        [(f'hpd_operator_serving_colocated{{{CR},role="prefill"}}', "1x10")],
+        [  # through the router: 0 for every role
+            (f'hpd_operator_serving_colocated{{{CR},role="prefill"}}', "0x10"),
+            (f'hpd_operator_serving_colocated{{{CR},role="decode"}}', "0x10"),
+        ],
+        {**CR_LABELS, "role": "prefill"},
+    ),
     "HPDOperatorReconcileErrors": Case(
         "25m",
         [

@@ -218,6 +218,7 @@ def _crd_version(root: Schema) -> dict[str, Any]:
                 "priority": 1,
             },
             {"name": "Decode-Scaler", "type": "string", "jsonPath": ".status.decode.autoscaler.summary", "priority": 1},
+            {"name": "Serving", "type": "string", "jsonPath": ".status.serving", "priority": 1},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],

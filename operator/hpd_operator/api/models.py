@@ -467,6 +467,12 @@ class RouterSpec(_Model):
     pod's terminationGracePeriodSeconds is this plus a few seconds). A rollout removes the old generation's engines
     only after its router pods are gone, so this bounds how long the old generation outlives the switch. Set it to
     the longest request you serve (a long generation can take minutes)."""
+    degraded_mode: bool = True
+    """While the serving generation has Ready pods of one role and none of the other, the endpoint (the `<cr>`
+    Service) selects the Ready role's pods directly: each is a complete vLLM server and runs a request without
+    kv_transfer_params end to end (condition Degraded, reason DecodeUnavailable or PrefillUnavailable). Its KV cache
+    and batch limits were sized for one role, so it serves fewer requests at once and, on prefill, decodes slowly.
+    False: the endpoint stays the router, which answers 503 until both roles are Ready (fail fast)."""
 
 
 class WarmupSpec(_Model):
@@ -793,6 +799,9 @@ class HybridPDDeploymentStatus(_Model):
     router: RoleStatus | None = None
     endpoint: str | None = None
     """Router Service URL, e.g. http://my-hpd.default.svc:8000."""
+    serving: str | None = None
+    """What the endpoint serves through: `router` (P/D), or in degraded mode `colocated on prefill` / `colocated
+    on decode` (spec.router.degradedMode)."""
     profile: ProfileStatus | None = None
     """What the operator injected and why."""
     rollout: RolloutStatus | None = None

@@ -19,6 +19,7 @@ from hpd_operator.builders.engine import (
     engine_replicas,
     generation_hash,
 )
+from hpd_operator.builders.fallback import Fallback, build_fallback_network_policy
 from hpd_operator.builders.lws import build_engine_group
 from hpd_operator.builders.monitoring import build_pod_monitors
 from hpd_operator.builders.network import build_network_policies
@@ -47,6 +48,8 @@ def build_all(
     plan: Plan | None = None,
     bounds: Mapping[str, Bounds] | None = None,
     start: Mapping[str, int] | None = None,
+    *,
+    fallback: Fallback | None = None,
 ) -> list[Manifest]:
     """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it): the engines
     of the generation the spec asks for, and the router routing to `plan.route` (hpd_operator.generations). Without
@@ -56,7 +59,10 @@ def build_all(
     Autoscaling roles: the HPAs scale the generation the router routes to (`bounds`: their min/max from
     scaling.compute_bounds; default: the user's ranges). While the spec's generation does not serve yet, its
     autoscaling roles run at `start` (scaling.start_replicas: what the serving generation runs). A multi-node role
-    (a LeaderWorkerSet) never autoscales (validation refuses it), so its replicas are always the spec's."""
+    (a LeaderWorkerSet) never autoscales (validation refuses it), so its replicas are always the spec's.
+
+    `fallback`: degraded mode (hpd_operator.builders.fallback): the endpoint Service selects the role that is left
+    of `plan.route`, and `<cr>-fallback` opens vLLM's port of those pods as the router's is."""
     plan = plan or fresh_plan(generation_hash(cr, profile), group_roles(cr))
     serving = not plan.rolling
     # ServiceAccounts and RBAC first: apply walks this list in order, and a workload created before its
@@ -72,12 +78,14 @@ def build_all(
         pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)
-    out.append(build_router_service(cr))
+    out.append(build_router_service(cr, fallback))
     out.append(build_router_deployment(cr, plan.route))
     router_pdb = build_router_pdb(cr)
     if router_pdb is not None:
         out.append(router_pdb)
     out += build_pod_monitors(cr)
     out += build_network_policies(cr)
+    if fallback is not None and cr.spec.network_policy.enabled:
+        out.append(build_fallback_network_policy(cr, fallback))
     out += build_autoscalers(cr, plan.route, bounds)
     return out

@@ -14,6 +14,7 @@ from typing import Any
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels, serving_selector
 from hpd_operator.builders.common import POD_SECURITY_DEFAULTS, Manifest, container_security_context, labels, metadata
+from hpd_operator.builders.fallback import Fallback
 from hpd_operator.generations import Generation
 from hpd_runtime import contract
 
@@ -205,16 +206,19 @@ def build_router_pdb(cr: HybridPDDeployment) -> Manifest | None:
     }
 
 
-def build_router_service(cr: HybridPDDeployment) -> Manifest:
+def build_router_service(cr: HybridPDDeployment, fallback: Fallback | None = None) -> Manifest:
+    """`<cr>`, the endpoint: the router pods; in degraded mode (hpd_operator.builders.fallback) the serving role's
+    pods of the routed generation, directly (their vLLM port is named like the router's: the targetPort holds)."""
     name, ns, svc = cr.metadata.name, cr.metadata.namespace, cr.spec.router.service
     comp = contract.COMPONENT_ROUTER
+    selector = fallback.selector(name) if fallback is not None else selector_labels(name, comp)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(name, ns, endpoint_service_name(name), comp),
         "spec": {
             "type": svc.type,
-            "selector": selector_labels(name, comp),
+            "selector": selector,
             "ports": [
                 {
                     "name": contract.PORT_NAME_HTTP,

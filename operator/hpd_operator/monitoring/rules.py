@@ -241,6 +241,18 @@ LIFECYCLE = (
         "condition's message names the component that is not ready.",
     ),
     Alert(
+        name="HPDServingColocated",
+        expr=f"max by ({CR}, role) (hpd_operator_serving_colocated) == 1",
+        for_="1m",
+        severity="warning",
+        summary="{{ $labels.namespace }}/{{ $labels.hybridpddeployment }} serves colocated on {{ $labels.role }} "
+        "(degraded mode)",
+        description="The serving generation has no Ready pod of the other role: the endpoint selects its "
+        "{{ $labels.role }} pods directly, which were sized for one role (fewer requests at once, slower decode).",
+        runbook="kubectl describe hpd {{ $labels.hybridpddeployment }} -n {{ $labels.namespace }}: the Degraded "
+        "condition names the missing role; its pods' probe output (the role's condition) says why they are not Ready.",
+    ),
+    Alert(
         name="HPDOperatorReconcileErrors",
         expr=(
             f"sum by (namespace, pod) (rate(controller_runtime_reconcile_errors_total{{{CONTROLLER}}}[10m]))"

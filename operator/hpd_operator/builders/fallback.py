@@ -1,0 +1,105 @@
+"""Degraded mode (spec.router.degradedMode, on by default): the endpoint serves colocated on the role that is left.
+
+A prefill or a decode engine is a complete vLLM server: a request that carries no `kv_transfer_params` runs on it end
+to end, whatever its kv_role: NixlConnector's scheduler acts only on requests whose kv_transfer_params ask for a
+remote prefill or decode, and the runtime's warmup already sends such plain requests to both roles. So while the generation the router routes to has Ready pods
+of one role and no Ready pod of the other, the `<cr>` Service selects that generation's Ready role directly, and
+the router (whose /readiness fails without both roles) is out of the path; once a pod of the missing role is Ready
+again (a decode only after its pair check with the prefill pods passed: its readiness gate) the Service selects the
+router again. It never mixes generations (the pods of `plan.route` only) and never starts at a generation's start
+(a generation that has not served yet has no Ready decode because its decodes still pair-check: not a loss). The
+engines' NetworkPolicy admits only the router on vLLM's port; while degraded, `<cr>-fallback` admits on that port
+of the serving pods what the router's policy admits (anyone): they are the endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpd_operator.api.models import HybridPDDeployment
+from hpd_operator.api.names import serving_selector, short_name
+from hpd_operator.builders.common import Manifest, metadata
+from hpd_operator.conditions import Reason
+from hpd_operator.generations import Generation, Plan
+from hpd_runtime import contract
+
+NETWORK_POLICY_SUFFIX = "fallback"
+ROUTER_SERVING = "router"
+MISSING_REASON: dict[str, Reason] = {"decode": Reason.DECODE_UNAVAILABLE, "prefill": Reason.PREFILL_UNAVAILABLE}
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The endpoint serves colocated on `role`'s pods of `generation`: no pod of `missing` is Ready."""
+
+    role: str
+    missing: str
+    generation: Generation
+
+    @property
+    def reason(self) -> Reason:
+        return MISSING_REASON[self.missing]
+
+    @property
+    def serving(self) -> str:
+        """status.serving (the `Serving` column of `kubectl get hpd -o wide`)."""
+        return f"colocated on {self.role}"
+
+    @property
+    def message(self) -> str:
+        return (
+            f"serving colocated on {self.role}: no Ready {self.missing} pod of generation {self.generation.number}; "
+            f"the endpoint selects its {self.role} pods directly until a {self.missing} pod is Ready again"
+        )
+
+    def selector(self, cr_name: str) -> dict[str, str]:
+        """The pods that serve: the role's API pods of the generation (a group's leaders)."""
+        g = self.generation
+        return serving_selector(cr_name, self.role, g.hash, self.role in g.groups)
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def ready_api_pods(cr_name: str, gen: Generation, role: str, pods: Sequence[Mapping[str, Any]]) -> int:
+    """How many pods of `role` in `gen` serve vLLM's API and are Ready (not being deleted)."""
+    want = serving_selector(cr_name, role, gen.hash, role in gen.groups)
+    n = 0
+    for p in pods:
+        have = (p.get("metadata") or {}).get("labels") or {}
+        n += all(have.get(k) == v for k, v in want.items()) and _ready(p)
+    return n
+
+
+def choose(cr: HybridPDDeployment, plan: Plan, pods: Mapping[str, Sequence[Mapping[str, Any]]]) -> Fallback | None:
+    """Degraded mode for `plan.route` from its pods (by role), or None: off in the spec, the generation never served,
+    both roles have a Ready pod, or neither has (nothing could serve)."""
+    if not cr.spec.router.degraded_mode or plan.route.hash not in plan.served:
+        return None
+    name, gen = cr.metadata.name, plan.route
+    ready: dict[str, int] = {role: ready_api_pods(name, gen, role, pods.get(role) or []) for role in contract.ROLES}
+    for role, missing in (("prefill", "decode"), ("decode", "prefill")):
+        if ready[role] > 0 and ready[missing] == 0:
+            return Fallback(role, missing, gen)
+    return None
+
+
+def build_fallback_network_policy(cr: HybridPDDeployment, fallback: Fallback) -> Manifest:
+    """`<cr>-fallback`: the serving pods admit anyone on vLLM's port, as the router admits anyone on its port (they
+    are the endpoint now). NetworkPolicies add up: the engines' own policy still holds for every other port."""
+    name, ns = cr.metadata.name, cr.metadata.namespace
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, ns, short_name(name, NETWORK_POLICY_SUFFIX), "engines"),
+        "spec": {
+            "podSelector": {"matchLabels": fallback.selector(name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": contract.PORT_NAME_HTTP}]}],
+        },
+    }
