@@ -44,6 +44,8 @@ fi
 
 echo
 echo "== apply examples/nemotron-3-nano.yaml"
+# the chart's rbac.fence (on by default): the operator writes only in namespaces a namespace admin opted in
+kubectl label --overwrite namespace default hybridpd.io/operator-writes=allowed >/dev/null
 kubectl apply -f examples/nemotron-3-nano.yaml
 # Generous for a slow machine (kwok turns pods Ready in seconds; a first CR right after the CRD's creation waits for
 # one retry of the operator's backoff); on failure, the operator's own reasons first.

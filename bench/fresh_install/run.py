@@ -113,6 +113,10 @@ def one_round(i: int, later_s: float, work: Path) -> dict[str, Any]:
             kubeconfig=kubeconfig,
         )
         installed = time.monotonic()
+        # the chart's default rbac.fence: the operator writes only in namespaces opted in by this label
+        client.CoreV1Api(api).patch_namespace(
+            "default", {"metadata": {"labels": {"hybridpd.io/operator-writes": "allowed"}}}
+        )
         port, log = free_port(), work / f"operator-{i}.log"
         sa = sa_kubeconfig(kubeconfig, work / f"operator-{i}.kubeconfig")
         with log.open("wb") as f:
