@@ -264,6 +264,9 @@ class PairMonitor:
         if result.ok:
             self.verified[(host, port)] = self.identity(host, self.cfg.prefill_runtime_port)
             self.was_good, self.failures = True, 0
+            # the pair was just proven: the canary's period runs from here (the start-up check can take longer
+            # than a short period, which made the first canary fire at once after Ready)
+            self.last_canary = time.monotonic()
             self.state.set_pair_fault(None)
             self.record_kv(result.kv)
         else:
