@@ -19,6 +19,7 @@ from hpd_devcluster.testing import wait_for
 
 from .conftest import Cluster
 from .helmkit import CHART, REPO, Helm, adopt_crd, find
+from .test_rbac_proof import opt_in
 
 SAMPLE = REPO / "examples" / "minimal.yaml"
 USER = "alice@example.com"
@@ -71,7 +72,7 @@ def test_the_policy_is_on_by_default_and_can_be_turned_off(helm: Helm) -> None:
     binding = find(docs, "ValidatingAdmissionPolicyBinding", "hpd-hybrid-pd-operator-secret-references")
     assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
     off = helm.template("--set", "admission.checkSecretReferences=false")
-    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert not [d for d in off if "secret-references" in d["metadata"]["name"]]
 
 
 def kubectl_as(k8s: Cluster, user: str | None, ns: str, doc: dict[str, Any], verb: str = "create") -> tuple[bool, str]:
@@ -88,6 +89,7 @@ def installed(k8s: Cluster) -> Iterator[str]:
     rel, work = k8s.make_namespace("hpd-system"), k8s.make_namespace("team")
     adopt_crd(k8s.helm, k8s.kubeconfig, "hpd", rel)
     k8s.helm.run("install", "hpd", str(CHART), "-n", rel, kubeconfig=k8s.kubeconfig)
+    opt_in(k8s.api, work)  # the default rbac.fence: else every CR created here is admitted with a warning
     core, rbac = client.CoreV1Api(k8s.api), client.RbacAuthorizationV1Api(k8s.api)
     for s in (SECRET, OTHER):
         core.create_namespaced_secret(
