@@ -89,6 +89,26 @@ def touched_by_others(live: Mapping[str, Any], desired: Mapping[str, Any]) -> st
     return newest
 
 
+def foreign_env(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A strategic merge patch that deletes the env entries another manager added to a container of a workload's pod
+    template that the operator renders (None: there are none). Server-side apply cannot take them back (they are
+    that manager's fields), and an env entry changes what the engines run without a new generation, so the operator
+    removes them with an ordinary patch after its apply."""
+
+    def containers(obj: Mapping[str, Any]) -> dict[str, list[Any]]:
+        pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        return {str(c.get("name")): list(c.get("env") or []) for c in pod.get("containers") or []}
+
+    ours, theirs = containers(desired), containers(live)
+    patch = []
+    for name, env in ours.items():
+        keep = {str(e.get("name")) for e in env}
+        extra = sorted({str(e.get("name")) for e in theirs.get(name, []) if str(e.get("name")) not in keep})
+        if extra:
+            patch.append({"name": name, "env": [{"name": n, "$patch": "delete"} for n in extra]})
+    return {"spec": {"template": {"spec": {"containers": patch}}}} if patch else None
+
+
 def mismatch(want: Any, got: Any, where: str = "") -> str | None:
     """The first path where `got` does not carry `want` (None: every desired field has its value)."""
     if isinstance(want, Mapping):

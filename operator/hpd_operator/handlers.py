@@ -577,7 +577,12 @@ def write_child(run: Run, obj: Manifest) -> Manifest | None:
     if role is not None and live is not None and k8s.owns_replicas(live):
         hand_off_replicas(run, obj, live, role)
     log.debug(f"{run.namespace}/{run.name}: apply {what} ({why})")
-    return k8s.apply(run.api, obj)
+    new = k8s.apply(run.api, obj)
+    extra = drift.foreign_env(obj, new) if obj["kind"] == "Deployment" else None
+    if extra is not None:  # env entries added by hand stay after an apply (another manager's fields): delete them
+        log.info(f"{run.namespace}/{run.name}: {what}: removing env entries another manager added")
+        new = k8s.patch(run.api, obj, extra)
+    return new
 
 
 def autoscaled_role(run: Run, obj: Manifest) -> contract.Role | None:

@@ -327,6 +327,7 @@ def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
                     "containers": [
                         {
                             "name": "vllm",
+                            "env": [{"name": "HAND_ADDED", "value": "1"}],  # #37: an env entry added by hand goes too
                             "securityContext": {
                                 "privileged": True,
                                 "allowPrivilegeEscalation": True,
@@ -344,6 +345,7 @@ def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
     out = kubectl(kubeconfig, "-n", ns, "patch", "deployment", decode, "-p", json.dumps(escalate), "-o", "json")
     patched = json.loads(out.stdout)["spec"]["template"]["spec"]  # what the patch stored (the operator reacts at once)
     assert patched["hostNetwork"] and patched["containers"][0]["securityContext"]["privileged"]
+    assert {"name": "HAND_ADDED", "value": "1"} in patched["containers"][0]["env"]
     router_patch = {"spec": {"template": {"spec": {"hostNetwork": True, "containers": [{"name": "router",
                     "securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}]}}}}  # fmt: skip
     kubectl(kubeconfig, "-n", ns, "patch", "deployment", f"{name}-router", "-p", json.dumps(router_patch))
@@ -352,7 +354,8 @@ def test_security_settings_added_to_a_child_by_hand_are_taken_back_once(
         pod = deployment(api_client, ns, dep).spec.template.spec
         sc = pod.containers[0].security_context
         return (
-            not pod.host_network
+            not [e for e in pod.containers[0].env or [] if e.name == "HAND_ADDED"]
+            and not pod.host_network
             and not pod.host_pid
             and not pod.host_ipc
             and sc.privileged is False

@@ -206,3 +206,17 @@ def test_liveness_fails_when_a_reconcile_worker_died_and_never_on_the_apiserver(
         alive.set()
         running.join()
         handlers._STATE["workers"] = saved
+
+
+def test_env_entries_another_manager_added_to_our_containers_are_deleted_and_only_those() -> None:
+    """Server-side apply cannot take back another manager's env entry: drift.foreign_env names what a strategic merge
+    patch deletes (the operator's entries, other containers and other fields stay)."""
+    desired = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "env": [{"name": "A", "value": "1"}]}]}}}}
+    live = {"spec": {"template": {"spec": {"containers": [
+        {"name": "vllm", "env": [{"name": "A", "value": "1"}, {"name": "HAND", "value": "x"}, {"name": "B"}]},
+        {"name": "sidecar", "env": [{"name": "S", "value": "1"}]},
+    ]}}}}  # fmt: skip
+    assert drift.foreign_env(desired, live) == {"spec": {"template": {"spec": {"containers": [
+        {"name": "vllm", "env": [{"name": "B", "$patch": "delete"}, {"name": "HAND", "$patch": "delete"}]}]}}}}  # fmt: skip
+    assert drift.foreign_env(desired, desired) is None
+    assert drift.foreign_env({"spec": {}}, live) is None  # no pod template of ours: nothing to take back
