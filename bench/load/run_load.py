@@ -1,4 +1,4 @@
-"""Serving under load (issue #27), P/D against colocated, and the P->D first-token figures of issue #26.
+"""Serving under load, P/D against colocated, and the P->D first-token cost at concurrency 1.
 
 Two deployments of one CR, one after the other, started from `python -m hpd_operator render -o json` output exactly
 as bench/gpu/run.py starts them (imported, not copied: its HOST_SUBSTITUTIONS, our runtime's launch/warmup/readiness,
@@ -10,12 +10,14 @@ vllm-router 0.1.17):
              regular mode, round robin. The prefill container because it is the plain engine (decode's also carries
              the P/D-only --no-async-scheduling and the pair check). Equal memory: 2 x one role's.
 
-On one GPU both sides share it (label "one H200, P and D share it"); `--one-gpu-per-role` puts decode and the second
-replica on the lane's second GPU (two GPUs: one per role / replica).
+On one GPU both sides share it (label "one H200, P and D share it", or "... both colocated replicas share it" for a
+colocated-only run); `--one-gpu-per-role` puts decode and the second replica on the lane's second GPU (two GPUs: one
+per role / replica). Every role is a process of this host: one PID namespace (pods have one each), and the result's
+`setup` says so.
 
 Load: vLLM's own `vllm bench serve` (random dataset, bench/load/bench_serve.py keeps it in one process), the same
 points with the same seeds on both sides. Per side, in order:
-  probe    (issue #26) concurrency 1 at about 1k, 4k and 8k prompt tokens, PROBE_SAMPLES requests each after one
+  probe    concurrency 1 at about 1k, 4k and 8k prompt tokens, PROBE_SAMPLES requests each after one
            warm-up: P->D through the router and colocated on decode (decode's own port) on the pd side, the router
            on the colocated side; decode's NIXL figures (vllm:nixl_* of its /metrics) for each router probe.
   sweep    SWEEPS[name]: fixed concurrencies and open-loop request rates on a mixed prompt-length distribution, and
@@ -30,8 +32,11 @@ on the H200) fit, and the colocated side runs the points the pd side ran, in the
 A plan variant applies to both sides' engines like run.py's (`CR@env+NAME=VALUE`, `CR@env-NAME`, ...): e.g.
 `nemotron-h-8b@env+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y` (docs/kv-path.md) before the profile renders it.
 
-Result: `--out`/result.json, with the exact command, every role's argv and env, every point's `vllm bench serve`
-command line and vLLM's own result JSON. bench/load/plot.py draws it. Only 127.0.0.1 is used.
+Result: `--out`/result.json, with the exact command, `setup` (machine, model, vLLM version, mode, GPUs per role as
+used, shared GPU / PID namespace), every role's argv and env, every point's `vllm bench serve` command line, vLLM's
+own result JSON and `requests` (sent / answered / failed) per point and in total: a point whose counts do not add up
+to what it sent is recorded as failed, never summarized without its failures (`point_requests`). bench/load/plot.py
+draws it. Only 127.0.0.1 is used.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ PERCENTILES = "50,90,99"
 METRICS = "ttft,tpot,itl,e2el"
 COLOCATED = ("colo-a", "colo-b")
 ONE_GPU_LABEL = "one H200, P and D share it"
+ONE_GPU_COLOCATED_LABEL = "one H200, both colocated replicas share it"
 RUNNER_MARK = "HPD-BENCH"
 STOP_EST_S = 25.0
 """Expected seconds to stop one deployment (SIGTERM to every role at once; vLLM exits in seconds when idle)."""
@@ -472,6 +478,19 @@ def gpu_memory() -> str:
 
 
 # --- measurements -------------------------------------------------------------------------------------------------
+def model_geometry(model_dir: Path) -> str:
+    """Layers by kind and hidden size from the model's config.json (Nemotron-H's hybrid_override_pattern: M = Mamba2,
+    * = attention, - = MLP), and whether the weights are vLLM's dummy ones."""
+    try:
+        c = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return "config.json not readable"
+    pat = str(c.get("hybrid_override_pattern", ""))
+    kinds = f"{pat.count('M')} Mamba2 + {pat.count('*')} attention + {pat.count('-')} MLP, " if pat else ""
+    weights = "weights" if any(model_dir.glob("*.safetensors")) else "dummy weights"
+    return f"{c.get('num_hidden_layers')} layers, {kinds}hidden {c.get('hidden_size')}; {weights}"
+
+
 def url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
@@ -506,6 +525,11 @@ class Side:
         path = self.dir / filename
         if status.get("ok") and path.exists():
             row["result"] = json.loads(path.read_text())
+        try:
+            row["requests"] = point_requests(row)
+        except ValueError as exc:  # counts that hide failures: the point is failed, its result kept for a reader
+            row["status"] = {**status, "ok": False, "error": str(exc)}
+            row["requests"] = {"sent": p.num_prompts, "answered": 0, "failed": p.num_prompts}
         if before is not None:
             row["nixl"] = run.nixl_delta(before, scrape_nixl())
         return row
@@ -536,14 +560,60 @@ class Side:
         return ran
 
 
+def point_requests(row: dict[str, Any]) -> dict[str, int]:
+    """Requests sent / answered / failed at one point (vLLM's `completed` and `failed`; warm-up requests are not
+    counted). A run with no result sent them all and got no answer; counts that do not add up to the point's
+    `num_prompts` raise: a summary must never drop failures silently."""
+    n = int(row["point"]["num_prompts"])
+    r = row.get("result")
+    if not r:
+        return {"sent": n, "answered": 0, "failed": n}
+    ok, bad = r.get("completed"), r.get("failed")
+    if not (isinstance(ok, int) and isinstance(bad, int)) or ok + bad != n:
+        raise ValueError(f"{row['point']['name']}: vLLM's result counts {ok} completed + {bad} failed of {n} sent")
+    return {"sent": n, "answered": ok, "failed": bad}
+
+
+def request_totals(report: dict[str, Any]) -> dict[str, int]:
+    """The file's `requests`: the sum over every probe and sweep point of every side."""
+    rows = [r for rec in report["sides"].values() for r in rec.get("probe", []) + rec.get("points", [])]
+    return {k: sum(r["requests"][k] for r in rows if "requests" in r) for k in ("sent", "answered", "failed")}
+
+
+def setup_record(
+    *, gpus: str, model: str, vllm: str | None, sides: list[str], roles: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The result's `setup` (the fields tests/unit/test_bench_results.py asks of every result): the machine from
+    nvidia-smi's names, GPUs per role from each role's CUDA_VISIBLE_DEVICES as started."""
+    names = [g.strip() for g in gpus.splitlines() if g.strip() and not g.startswith("none")]
+    kinds = {"NVIDIA H200": "nvidia-h200"}
+    kind = kinds.get(names[0], "kind not recorded") if names and len(set(names)) == 1 else "kind not recorded"
+    if kind != "kind not recorded" and len(names) > 1:
+        kind += f"-x{len(names)}"
+    per_role = {n: [int(g) for g in r["env"].get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+                for n, r in roles.items()}  # fmt: skip
+    used = [set(g) for g in per_role.values()]
+    argvs = [r["argv"] for r in roles.values()]
+    return {
+        "machine": f"{kind}: {len(names)}x {names[0].removeprefix('NVIDIA ')}" if names else f"no GPU seen ({gpus})",
+        "model": model,
+        "vllm_version": vllm,
+        "mode": "eager" if all("--enforce-eager" in a for a in argvs) else "compile",
+        "gpus_per_role": per_role,
+        "roles_share_gpu": bool(used) and bool(set.intersection(*used)),
+        "roles_share_pid_namespace": True,
+        "sides": sides,
+    }
+
+
 def summary_row(row: dict[str, Any]) -> dict[str, Any]:
     r = row.get("result") or {}
     keys = [f"p{q}_{m}_ms" for m in ("ttft", "itl", "tpot") for q in PERCENTILES.split(",")]
     return {"point": row["point"]["name"], "target": row["target"], "ok": bool(row["status"].get("ok")),
+            **(row.get("requests") or point_requests(row)),
             **{k: round(r[k], 1) for k in keys if isinstance(r.get(k), (int, float))},
             **{k: round(r[k], 3) for k in ("request_throughput", "output_throughput", "total_token_throughput",
-                                           "request_goodput") if isinstance(r.get(k), (int, float))},
-            "completed": r.get("completed"), "failed": r.get("failed")}  # fmt: skip
+                                           "request_goodput") if isinstance(r.get(k), (int, float))}}  # fmt: skip
 
 
 def sweep_end(now: float, end: float, *, next_side: bool, side_start_s: float | None, probe_s: float) -> float:
@@ -564,7 +634,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sides", default="pd,colocated",
                     help="pd, colocated or both, in that order; SIDE:probe = that side's probe only")  # fmt: skip
     ap.add_argument("--sweep", default="h200", choices=sorted(SWEEPS), help="the load points (and probe lengths)")
-    ap.add_argument("--no-probe", action="store_true", help="skip the issue #26 probe")
+    ap.add_argument("--no-probe", action="store_true", help="skip the concurrency-1 probe")
     ap.add_argument("--no-sweep", action="store_true", help="probe only")
     ap.add_argument("--points", default="", help="only these sweep points (names, comma-separated; order kept)")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="the whole run, start-up included")
@@ -615,13 +685,20 @@ def main(argv: list[str] | None = None) -> int:
     cr, _, variant = args.cr.partition("@")
     model_dir = run.model_dir_for(manifests, cr, args.model_dir, args.work)
     model = run.served_name(manifests, cr)
+    model_desc = f"{model} ({model_dir.name}: {model_geometry(model_dir)})"
     if not (model_dir / "tokenizer.json").exists():
         raise SystemExit(
             f"{cr}: no tokenizer in {model_dir}: vllm bench serve sends text, so the CR must be served "
             "with a tokenizer (no --skip-tokenizer-init in its extraArgs)"
         )
     base_env = {**os.environ, **run.NO_NVLINK_MULTICAST, "PYTHONUNBUFFERED": "1"}
-    label = "one GPU per role / replica" if args.one_gpu_per_role else ONE_GPU_LABEL
+    label = (
+        "one GPU per role / replica"
+        if args.one_gpu_per_role
+        else ONE_GPU_COLOCATED_LABEL
+        if sides == ["colocated"]
+        else ONE_GPU_LABEL
+    )
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "command": shlex.join(["python3", "bench/load/run_load.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -634,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
     result = args.out / "result.json"
 
     def save() -> None:
+        report["requests"] = request_totals(report)
+        roles = {n: r for rec in report["sides"].values() for n, r in (rec.get("roles") or {}).items()}
+        # the engines' vLLM: the version the rendered env names (bench/gpu/run.py picks that version's site for them)
+        vllm = next((r["env"].get(contract.ENV_VLLM_VERSION) for r in roles.values()), None)
+        report["setup"] = setup_record(gpus=report["gpu"], model=model_desc, vllm=vllm, sides=sides, roles=roles)
         result.write_text(json.dumps(report, indent=1))
 
     reaper = Reaper(args.work / "pgids")

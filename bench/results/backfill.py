@@ -120,7 +120,9 @@ def run_py_setup(d: dict[str, Any]) -> dict[str, Any]:
     for key in ("model", "vllm_version", "mode", "gpus_per_role", "roles_share_gpu"):
         if len({json.dumps(v[key]) for v in per_run.values()}) > 1:
             setup[key] = None if key in ("mode", "roles_share_gpu") else first[key]
-            setup["by_run"] = {n: {k: v[k] for k in ("mode", "gpus_per_role", "roles_share_gpu")} for n, v in per_run.items()}
+            setup["by_run"] = {
+                n: {k: v[k] for k in ("mode", "gpus_per_role", "roles_share_gpu")} for n, v in per_run.items()
+            }
     return setup
 
 
@@ -183,7 +185,7 @@ INVALID_8K = (
 
 def load_setup(d: dict[str, Any]) -> dict[str, Any]:
     gpus: dict[str, list[int]] = {}
-    for side, rec in d["sides"].items():
+    for rec in d["sides"].values():
         for role, r in rec["roles"].items():
             cvd = r["env"].get("CUDA_VISIBLE_DEVICES", "")
             gpus[role] = [int(x) for x in cvd.split(",") if x.strip()]
@@ -225,7 +227,9 @@ def correct(name: str, d: dict[str, Any]) -> None:
     lane = (d.get("lane") or {}).get("gpus")
     used = sorted({g for v in d["setup"]["gpus_per_role"].values() for g in v})
     if lane and used and sorted(lane) != used:
-        d["setup"]["note"] = f"lane.gpus {lane} is the lane's list; the roles ran on GPU(s) {used} (CUDA_VISIBLE_DEVICES)"
+        d["setup"]["note"] = (
+            f"lane.gpus {lane} is the lane's list; the roles ran on GPU(s) {used} (CUDA_VISIBLE_DEVICES)"
+        )
 
 
 # --- per family -----------------------------------------------------------------------------------------------------

@@ -206,3 +206,41 @@ def test_the_load_generator_process_survives_a_bad_and_a_hung_run(tmp_path: Path
     finally:
         runner.close()
     assert run_load.reap(tmp_path / "pgids") == []  # both processes are gone
+
+
+def test_a_points_requests_add_up_or_the_point_is_failed() -> None:
+    p = run_load.asdict(run_load.SWEEPS["h200"][2])  # 32 prompts
+    row = {"point": p, "target": "router", "status": {"ok": True}, "result": {"completed": 25, "failed": 7}}
+    assert run_load.point_requests(row) == {"sent": 32, "answered": 25, "failed": 7}
+    assert run_load.summary_row(row)["failed"] == 7 and run_load.summary_row(row)["sent"] == 32
+    assert run_load.point_requests({**row, "result": None}) == {"sent": 32, "answered": 0, "failed": 32}
+    with pytest.raises(ValueError, match="25 completed \\+ 0 failed of 32 sent"):  # 7 failures gone from the counts
+        run_load.point_requests({**row, "result": {"completed": 25, "failed": 0}})
+    with pytest.raises(ValueError):
+        run_load.point_requests({**row, "result": {"completed": 32}})
+
+
+def test_the_results_totals_and_setup_say_what_ran(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    rows = [
+        {"requests": {"sent": 5, "answered": 3, "failed": 2}},
+        {"requests": {"sent": 32, "answered": 32, "failed": 0}},
+    ]
+    report = {"sides": {"pd": {"probe": rows[:1], "points": rows[1:]}, "colocated": {"points": rows[1:]}}}
+    assert run_load.request_totals(report) == {"sent": 69, "answered": 67, "failed": 2}
+    roles = run.role_commands(rendered, "nemotron-h-8b", tmp_path, tmp_path / "cache")
+    as_run = {n: {"argv": r.argv, "env": r.env} for n, r in roles.items()}
+    setup = run_load.setup_record(gpus="NVIDIA H200", model="m", vllm="0.20.0", sides=["pd"], roles=as_run)
+    assert setup["machine"] == "nvidia-h200: 1x H200" and setup["mode"] == "compile"
+    assert setup["gpus_per_role"] == {"prefill": [0], "decode": [0]} and setup["roles_share_gpu"] is True
+    assert setup["roles_share_pid_namespace"] is True
+    run_load.spread_roles(roles)
+    as_run = {n: {"argv": r.argv, "env": r.env} for n, r in roles.items()}
+    two = run_load.setup_record(gpus="NVIDIA H200\nNVIDIA H200", model="m", vllm="0.20.0", sides=["pd"], roles=as_run)
+    assert two["machine"] == "nvidia-h200-x2: 2x H200" and two["gpus_per_role"] == {"prefill": [0], "decode": [1]}
+    assert two["roles_share_gpu"] is False
+
+
+def test_model_geometry_reads_the_hybrid_pattern() -> None:
+    assert run_load.model_geometry(REPO / "bench" / "gpu" / "tiny-nemotron-h") == (
+        "6 layers, 3 Mamba2 + 1 attention + 2 MLP, hidden 512; dummy weights"
+    )

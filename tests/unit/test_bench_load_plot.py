@@ -93,3 +93,54 @@ def test_lengths_label_reads_vllms_range_ratio() -> None:
     p = run_load.asdict(run_load.SWEEPS["h200"][1])
     assert plot.lengths(p) == "prompts 1024-7168 tokens, outputs 128-256"
     assert plot.lengths(run_load.asdict(run_load.SWEEPS["h200"][2])) == "prompts 8192 tokens, outputs 128"
+
+
+def texts(fig: Any) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def with_failures() -> dict[str, Any]:
+    """The synthetic P/D result with 2 of 5 probe requests and 7 of 32 sweep requests failed, as vLLM saves them
+    (TTFT 0 and the error text at the failed request's index)."""
+    res = synthetic(None, ("pd",))
+    probe = next(r for r in res["sides"]["pd"]["probe"] if r["target"] == "router" and r["point"]["x"] == 8192)
+    probe["result"].update(completed=3, failed=2, ttfts=[0.3, 0.31, 0.29, 0.0, 0.0],
+                           errors=["", "", "", "Bad Request", "Internal Server Error"])  # fmt: skip
+    point = next(r for r in res["sides"]["pd"]["points"] if r["point"]["name"] == "len8k-c16" and r.get("result"))
+    point["result"].update(completed=25, failed=7)
+    point["invalid"] = "the tokenizer bug"
+    return res
+
+
+def test_failed_requests_are_left_out_of_latencies_and_shown_as_failures() -> None:
+    res = with_failures()
+    probe = next(r for r in res["sides"]["pd"]["probe"] if r["target"] == "router" and r["point"]["x"] == 8192)
+    assert plot.answered_ttfts(probe["result"]) == [300.0, 310.0, 290.0]  # the two 0 s failures are not latencies
+    assert plot.counts(probe) == (3, 5)
+    ss = plot.series([(res, None)])
+    fig = plot.probe_figure(ss, "t", "f")
+    assert "2 of 5 failed" in texts(fig)  # beside the point, ringed
+    assert "P/D via router (n=5 per length)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    length = texts(plot.family_figure(ss, "length", "t", "f"))
+    assert "7 of 32 failed" in length and "invalid (see file)" in length
+
+
+def test_the_probe_ratio_is_over_the_colocated_deployment_as_in_the_docs() -> None:
+    pd, colocated = synthetic("fix", ("pd",), sweep=False), synthetic(None, ("colocated",), sweep=False)
+    ss = plot.series([(pd, None), (colocated, None)])
+    ratios = sorted(t for t in texts(plot.probe_figure(ss, "t", "f")) if t.endswith("x colocated"))
+    # P->D through the router: x/20 + 12 ms; the colocated deployment: x/20 ms (colocated on P/D's decode: the same)
+    assert ratios == sorted(f"{(x / 20 + 12) / (x / 20):.2f}x colocated" for x in (1024, 4096, 8192))
+
+
+def test_each_side_keeps_one_colour_and_rates_start_at_zero() -> None:
+    results = [(synthetic("fix", ("pd", "colocated")), None), (synthetic("before", ("pd",), sweep=False), None)]
+    colours = {s["name"]: s["color"] for s in plot.series(results)}
+    assert colours == {"P/D via router [fix]": "tab:blue", "colocated x2, round robin": "tab:green",
+                       "P/D via router [before]": "tab:orange"}  # fmt: skip
+    colo_only = plot.series([(synthetic(None, ("colocated",)), None)])
+    assert colo_only[0]["color"] == "tab:green"  # not the next colour of a shared cycle
+    fig = plot.family_figure(plot.series(results), "concurrency", "t", "f")
+    ttft, itl, good, tput = fig.axes[:4]
+    assert ttft.get_yscale() == "log" and [ax.get_ylim()[0] for ax in (itl, good, tput)] == [0, 0, 0]
+    assert any(label.get_text().endswith("n=48") for label in tput.get_xticklabels())

@@ -13,7 +13,15 @@ import pytest
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 FILES = sorted(RESULTS.glob("*.json"))
-SETUP_KEYS = {"machine", "model", "vllm_version", "mode", "gpus_per_role", "roles_share_gpu", "roles_share_pid_namespace"}
+SETUP_KEYS = {
+    "machine",
+    "model",
+    "vllm_version",
+    "mode",
+    "gpus_per_role",
+    "roles_share_gpu",
+    "roles_share_pid_namespace",
+}
 
 
 def setup_problems(setup: Any) -> list[str]:

@@ -57,6 +57,10 @@ def test_load_benchmark_smoke_through_the_router_with_vllm_bench_serve(tmp_path:
         "python3 bench/load/run_load.py"
     )
     plan = res["plan"]
+    rows = [r for rec in res["sides"].values() for r in rec["probe"] + rec["points"]]
+    sent = sum(r["point"]["num_prompts"] for r in rows)
+    assert res["requests"] == {"sent": sent, "answered": sent, "failed": 0}
+    assert res["setup"]["roles_share_pid_namespace"] is True and res["setup"]["vllm_version"] == "0.20.0"
     for side, rec in res["sides"].items():
         assert "error" not in rec and not rec.get("skipped"), (side, rec.get("error"), rec.get("skipped"), logs)
         assert rec["load_generator"]["vllm"] == "0.20.0"
