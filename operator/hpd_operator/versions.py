@@ -189,6 +189,29 @@ VERSION_RULES: Final[tuple[VersionRule, ...]] = (
         hybrid_only=False,
     ),
     VersionRule(
+        key="nixl-abort-timeout",
+        first=20,
+        last=21,
+        upstream="#25897 (default 120 -> 480 s: early frees under load), #21570 (decode then reads freed blocks: "
+        "wrong output), #41383 (the lease that replaces it, 0.22)",
+        note="VLLM_NIXL_ABORT_REQUEST_TIMEOUT stays at its 480 s: prefill holds the KV of a request whose decode "
+        "died that long, but no decode heartbeat extends it in this version, so a shorter one frees the blocks of "
+        "requests still queued on a busy live decode, which then reads freed blocks (#21570); the router drops a "
+        "dead decode within ~2 s, so few requests are orphaned (the bench's decode restart, 0.20: prefill KV "
+        "usage 0.62% after ~125 orphaned requests, tiny model: bench/results/2026-12-02-gpu-decode-restart.json)",
+        hybrid_only=False,
+    ),
+    VersionRule(
+        key="nixl-kv-lease",
+        first=22,
+        last=_LAST,
+        upstream="#41383 (kv_lease_duration, 30 s; decode heartbeats every lease/6 extend it while a request waits)",
+        note="the KV of a request whose decode died is freed after kv_lease_duration (30 s; measured ~30 s on "
+        "0.25.1: bench/results/2026-12-02-gpu-decode-restart-v025.json) while a live decode's heartbeats keep its "
+        "queued requests' blocks: the default is kept",
+        hybrid_only=False,
+    ),
+    VersionRule(
         key="multi-node-mp",
         first=_FIRST,
         last=_LAST,

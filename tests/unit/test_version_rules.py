@@ -58,6 +58,7 @@ def test_every_rule_cites_an_upstream_number_and_stays_in_range() -> None:
         ("equal-block-size", "hetero-block-size"),
         ("no-builtin-ssd-warmup", "builtin-ssd-warmup"),
         ("replaced-prefill-never-released", "replaced-prefill-ttl", "replaced-prefill-released"),
+        ("nixl-abort-timeout", "nixl-kv-lease"),
     ],
 )
 def test_complementary_rules_cover_every_minor_exactly_once(alternatives: tuple[str | None, ...]) -> None:
