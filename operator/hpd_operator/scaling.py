@@ -11,8 +11,10 @@ either HPA can make keeps decode/prefill inside the band. It never writes a Depl
   (two roles growing together stay in the band; one growing while the other shrinks could leave it). A role that
   wants to grow but is held by the band pulls the other up first: its min is raised to the size the next step needs
   (decode to ceil(rmin * (P + 1)), prefill to ceil((D + 1) / rmax)), and the HPA, bound by its min, scales it.
-- Otherwise, when a role wants to shrink, both may only shrink: prefill in [ceil(D / rmax), P], decode in
-  [ceil(rmin * P), D].
+- When one role holds and the other wants to shrink, the holding role stays (P or D alone) and the other may move
+  anywhere in the band at that size: decode in [ceil(rmin * P), floor(rmax * P)], or prefill in
+  [ceil(D / rmax), floor(D / rmin)] (so it can grow again at once when its load returns).
+- When both want to shrink, both may only shrink: prefill in [ceil(D / rmax), P], decode in [ceil(rmin * P), D].
 - A pair outside the band (the ratio was just set, or the ranges changed) is brought back by growing the smaller
   side, never by shrinking a serving role.
 Every range is clipped to the user's own minReplicas/maxReplicas. The CRD refuses a band the ranges cannot meet and
@@ -177,6 +179,13 @@ def _ranges(x: _Pair) -> tuple[Range, Range, str | None]:
     d_hi = _floor(rmax * p)
     if UP in (x.want_p, x.want_d) or (x.want_p == HOLD and x.want_d == HOLD):
         return _grow(x, band, p_hi, d_hi)
+    # One role holds while the other wants to shrink (held at the band's floor, or a one-scrape dip): the holding
+    # role stays where it is and the other gets the whole band at that size, so it can also grow again without
+    # waiting for the next reconcile (a decode held at 3 by prefill's 3 kept a max of 3 until the resync).
+    if x.want_p == HOLD:
+        return (p, p), (d_need, d_hi), f"{band}: prefill holds at {p}; decode anywhere in the band"
+    if x.want_d == HOLD:
+        return (max(p_need, 1), p_hi), (d, d), f"{band}: decode holds at {d}; prefill anywhere in the band"
     return (min(max(p_need, 1), p), p), (min(max(d_need, 1), d), d), f"{band}: both roles may only shrink now"
 
 

@@ -67,6 +67,19 @@ def test_both_roles_shrink_together_when_neither_wants_more() -> None:
     )
 
 
+def test_a_role_that_holds_leaves_the_other_the_whole_band_at_its_size() -> None:
+    """#37: prefill held at 3 on its queue while idle decode, held at the band's floor (3), wanted to shrink: the
+    bounds said "both may only shrink", so decode's max stayed 3 and it could not follow its own load until another
+    reconcile. Now the holding role stays and the other may go anywhere in the band at that size."""
+    b = compute_bounds(
+        spec(), {"prefill": 3, "decode": 3}, {"prefill": hpa(3, 3), "decode": hpa(1, 3, "TooFewReplicas")}
+    )
+    assert (b["prefill"].min_replicas, b["prefill"].max_replicas) == (3, 3)
+    assert (b["decode"].min_replicas, b["decode"].max_replicas) == (3, 6), b["decode"]
+    b = compute_bounds(spec(), {"prefill": 2, "decode": 4}, {"prefill": hpa(1, 2), "decode": hpa(4, 4)})
+    assert (b["prefill"].min_replicas, b["prefill"].max_replicas) == (2, 4) and b["decode"].max_replicas == 4
+
+
 def test_a_pair_outside_the_band_is_restored_by_growing_never_by_shrinking() -> None:
     b = compute_bounds(spec(), {"prefill": 3, "decode": 1}, {})
     assert b["decode"].min_replicas == 3 and b["prefill"] == Bounds(3, 3, b["prefill"].note)
