@@ -17,9 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-PENDING = {
-    "install.md": "the router's sizing figures (RSS, CPU per request) were measured without a result file",
-}
+PENDING: dict[str, str] = {}
 """Docs whose figures another change is reworking: their figure check is expected to fail until then (remove the entry
 when the doc passes; pytest reports XPASS)."""
 FIGURE_CASES = [pytest.param(d, id=d.name, marks=[pytest.mark.xfail(reason=PENDING[d.name])] if d.name in PENDING

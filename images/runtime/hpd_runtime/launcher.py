@@ -253,6 +253,24 @@ class Launcher:
             log_event("leader_reachable", host=leader[0], port=leader[1])
         return ok
 
+    def _start_vllm(self, argv: list[str], env: dict[str, str], state: RuntimeState) -> subprocess.Popen[bytes] | None:
+        """Start vLLM (None when it cannot be started); on decode its stdout passes through a reader that notes the
+        UCX transport it prints (forward_output), unchanged."""
+        capture = captures_ucx_transport(self.cfg, env)
+        try:
+            proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE if capture else None)
+        except OSError as e:
+            log_event("vllm_start_failed", level="error", argv=argv, error=str(e))
+            return None
+        if capture and proc.stdout is not None:
+            threading.Thread(
+                target=forward_output,
+                args=(proc.stdout, sys.stdout.buffer, report_transport(state)),
+                name="vllm-stdout",
+                daemon=True,
+            ).start()
+        return proc
+
     def run(self) -> int:
         cfg = self.cfg
         gpu = detect_gpu_product(cfg.gpu_product)
@@ -286,21 +304,9 @@ class Launcher:
         try:
             if cfg.worker and not self._wait_for_leader(state):
                 return 128 + (self.stopped_by or signal.SIGTERM)
-            capture = captures_ucx_transport(cfg, env)
-            try:
-                self.proc = subprocess.Popen(
-                    argv, env=env, start_new_session=True, stdout=subprocess.PIPE if capture else None
-                )
-            except OSError as e:
-                log_event("vllm_start_failed", level="error", argv=argv, error=str(e))
+            self.proc = self._start_vllm(argv, env, state)
+            if self.proc is None:
                 return 127
-            if capture and self.proc.stdout is not None:
-                threading.Thread(
-                    target=forward_output,
-                    args=(self.proc.stdout, sys.stdout.buffer, report_transport(state)),
-                    name="vllm-stdout",
-                    daemon=True,
-                ).start()
             if cfg.worker:
                 state.mark_warm(f"headless ranks running ({group_rank(self.args)}); the group's leader serves the API")
             else:
