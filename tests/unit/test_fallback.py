@@ -84,3 +84,20 @@ def test_one_event_per_switch() -> None:
     assert transitions(ok, down) == [("Warning", "DecodeUnavailable", "serving colocated")]
     assert transitions(down, down) == []
     assert [r for _, r, _ in transitions(down, ok)] == ["PDRestored"]
+
+
+def test_the_colocated_gauge_follows_status_serving() -> None:
+    from prometheus_client import generate_latest
+
+    from hpd_operator import metrics
+
+    def gauge(role: str) -> str:
+        return f'hpd_operator_serving_colocated{{hybridpddeployment="fb",namespace="nsf",role="{role}"}}'
+
+    metrics.record_status("nsf", "fb", {"phase": "Degraded", "serving": "colocated on prefill"})
+    text = generate_latest().decode()
+    assert f"{gauge('prefill')} 1.0" in text and f"{gauge('decode')} 0.0" in text
+    metrics.record_status("nsf", "fb", {"phase": "Ready", "serving": "router"})
+    text = generate_latest().decode()
+    assert f"{gauge('prefill')} 0.0" in text and f"{gauge('decode')} 0.0" in text
+    metrics.forget("nsf", "fb")
