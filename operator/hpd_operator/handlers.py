@@ -449,7 +449,7 @@ def degraded_mode(run: Run, plan: generations.Plan) -> Fallback | None:
         run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
     )
     gen = live.generations.get(plan.route.hash)
-    return choose_fallback(run.cr, plan, gen.pods if gen is not None else {})
+    return choose_fallback(run.cr, plan, gen.pods if gen is not None else {}, run.cache.nodes)
 
 
 def scale(run: Run, plan: generations.Plan) -> None:

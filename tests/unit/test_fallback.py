@@ -101,3 +101,12 @@ def test_the_colocated_gauge_follows_status_serving() -> None:
     text = generate_latest().decode()
     assert f"{gauge('prefill')} 0.0" in text and f"{gauge('decode')} 0.0" in text
     metrics.forget("nsf", "fb")
+
+
+def test_a_ready_pod_on_a_lost_node_does_not_count() -> None:
+    decode = pod("decode", True)
+    decode["spec"] = {"nodeName": "gone"}
+    pods = {"prefill": [pod("prefill", True)], "decode": [decode]}
+    assert choose(cr(), PLAN, pods, nodes=frozenset({"here"})) is not None  # as the status counts it: lost
+    assert choose(cr(), PLAN, pods, nodes=frozenset({"gone"})) is None
+    assert choose(cr(), PLAN, pods, nodes=None) is None  # nodes not watched: the pod's own condition

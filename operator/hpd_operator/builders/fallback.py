@@ -13,7 +13,7 @@ of the serving pods what the router's policy admits (anyone): they are the endpo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,30 +59,42 @@ class Fallback:
         return serving_selector(cr_name, self.role, g.hash, self.role in g.groups)
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+def _ready(pod: Mapping[str, Any], nodes: Collection[str] | None) -> bool:
+    """Ready, not being deleted, and not bound to a node that no longer exists (`nodes`: the nodes that exist, None
+    unknown), as the status counts a role's Ready pods."""
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and nodes is not None and node not in nodes:
         return False
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def ready_api_pods(cr_name: str, gen: Generation, role: str, pods: Sequence[Mapping[str, Any]]) -> int:
+def ready_api_pods(
+    cr_name: str, gen: Generation, role: str, pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None = None
+) -> int:
     """How many pods of `role` in `gen` serve vLLM's API and are Ready (not being deleted)."""
     want = serving_selector(cr_name, role, gen.hash, role in gen.groups)
     n = 0
     for p in pods:
         have = (p.get("metadata") or {}).get("labels") or {}
-        n += all(have.get(k) == v for k, v in want.items()) and _ready(p)
+        n += all(have.get(k) == v for k, v in want.items()) and _ready(p, nodes)
     return n
 
 
-def choose(cr: HybridPDDeployment, plan: Plan, pods: Mapping[str, Sequence[Mapping[str, Any]]]) -> Fallback | None:
-    """Degraded mode for `plan.route` from its pods (by role), or None: off in the spec, the generation never served,
-    both roles have a Ready pod, or neither has (nothing could serve)."""
+def choose(
+    cr: HybridPDDeployment,
+    plan: Plan,
+    pods: Mapping[str, Sequence[Mapping[str, Any]]],
+    nodes: Collection[str] | None = None,
+) -> Fallback | None:
+    """Degraded mode for `plan.route` from its pods (by role; `nodes`: the nodes that exist, None unknown), or None:
+    off in the spec, the generation never served, both roles have a Ready pod, or neither has (nothing serves)."""
     if not cr.spec.router.degraded_mode or plan.route.hash not in plan.served:
         return None
     name, gen = cr.metadata.name, plan.route
-    ready: dict[str, int] = {role: ready_api_pods(name, gen, role, pods.get(role) or []) for role in contract.ROLES}
+    ready: dict[str, int] = {r: ready_api_pods(name, gen, r, pods.get(r) or [], nodes) for r in contract.ROLES}
     for role, missing in (("prefill", "decode"), ("decode", "prefill")):
         if ready[role] > 0 and ready[missing] == 0:
             return Fallback(role, missing, gen)
