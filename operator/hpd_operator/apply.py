@@ -36,7 +36,7 @@ class Kind:
 
 KINDS: tuple[Kind, ...] = (
     Kind("v1", "Service", "services"),
-    Kind("v1", "ConfigMap", "configmaps"),
+    Kind("coordination.k8s.io/v1", "Lease", "leases"),
     Kind("apps/v1", "Deployment", "deployments"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     Kind("v1", "ServiceAccount", "serviceaccounts"),

@@ -156,8 +156,10 @@ def trim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
             out["status"]["conditions"] = problems
     elif obj.get("kind") == "HorizontalPodAutoscaler":
         out.update(_trim_hpa(obj))
-    elif obj.get("kind") == "ConfigMap":  # the decode pods' KV path reports (podevents.kv_path)
-        out["data"] = dict(obj.get("data") or {})
+    elif obj.get("kind") == "Lease":  # the decode pods' KV path reports, by pod uid (podevents.kv_path)
+        ann = (obj.get("metadata") or {}).get("annotations") or {}
+        prefix = contract.ANNOTATION_KV_REPORT_PREFIX
+        out["reports"] = {k.removeprefix(prefix): v for k, v in ann.items() if k.startswith(prefix)}
     return out
 
 

@@ -8,9 +8,9 @@ Event would carry only the status code. So the decode runtime's "P->D output dif
 and copies the newest message into the role condition (DecodeReady / PrefillReady).
 
 The KV path report is the one thing an engine pod writes itself (hpd_runtime/kube_events.py): a decode pod patches
-`data[<its name>]` of the ConfigMap `<cr>-kv-reporter`, which only that CR's kv-reporter ServiceAccount may patch (its
-Role names the ConfigMap), and posts the same report as a `KVPath` Event on itself for `kubectl describe pod`. The
-operator reads only the ConfigMap (`kv_path`): an Event can be posted by anyone who may create Events in the namespace
+its annotation `kv.hybridpd.io/<its uid>` of the Lease `<cr>-kv-reporter`, which only that CR's kv-reporter
+ServiceAccount may patch (its Role names the Lease), and posts the same report as a `KVPath` Event on itself for
+`kubectl describe pod`. The operator reads only the Lease (`kv_path`): an Event can be posted by anyone who may create Events in the namespace
 (another CR's decode pods included), about any pod, with any timestamp, so Events never reach the status.
 """
 
@@ -92,6 +92,9 @@ def _int(x: Any) -> int | None:
         return None
 
 
+STALE_REPORT_SECONDS = 600.0
+"""A report of a pod the CR no longer has is removed once it is this old (a new pod may write its report before the
+operator's cache has seen the pod)."""
 CLOCK_SKEW_SECONDS = 60.0
 """A report stamped later than now by more than this is ignored: a time in the future would win over every genuine
 report for the pod's life."""
@@ -115,17 +118,31 @@ def _stamp(value: object) -> datetime.datetime | None:
     return t if t.tzinfo is not None else t.replace(tzinfo=datetime.UTC)
 
 
+def stale_reports(pods: Iterable[Mapping[str, Any]], reports: Mapping[str, Any] | None, now: str | None) -> list[str]:
+    """The uids on the kv-reporter Lease of pods that are gone (none of `pods`, any state), reported more than
+    STALE_REPORT_SECONDS before `now` or unreadable: the annotations to remove, so they do not pile up."""
+    t_now, live = _stamp(now), {str((p.get("metadata") or {}).get("uid")) for p in pods}
+    out = []
+    for uid, raw in (reports or {}).items():
+        if uid in live:
+            continue
+        when = _stamp((_report(raw) or {}).get("observedTime"))
+        if when is None or (t_now is not None and (t_now - when).total_seconds() > STALE_REPORT_SECONDS):
+            out.append(uid)
+    return sorted(out)
+
+
 def kv_path(
     pods: Iterable[Mapping[str, Any]], reports: Mapping[str, Any] | None, now: str | None
 ) -> dict[str, Any] | None:
-    """`status.kvPath` (camelCase) from the newest report in the CR's kv-reporter ConfigMap (`reports`: its data,
-    pod name -> JSON) of a decode pod that is Ready now, the same pod (its uid), and not stamped in the future
-    (beyond CLOCK_SKEW_SECONDS of `now`); None when no report qualifies."""
-    ready, t_now = _uids(pods, ready=True), _stamp(now)
+    """`status.kvPath` (camelCase) from the newest report on the CR's kv-reporter Lease (`reports`: pod uid -> JSON)
+    of a decode pod that is Ready now and not stamped in the future (beyond CLOCK_SKEW_SECONDS of `now`); None when no
+    report qualifies."""
+    t_now = _stamp(now)
     best: tuple[datetime.datetime, dict[str, Any]] | None = None
-    for pod, raw in (reports or {}).items():
-        doc = _report(raw)
-        if doc is None or pod not in ready or not ready[pod] or doc.get("uid") != ready[pod]:
+    for pod, uid in _uids(pods, ready=True).items():
+        doc = _report((reports or {}).get(uid)) if uid else None
+        if doc is None or doc.get("uid") != uid:
             continue
         when = _stamp(doc.get("observedTime"))
         if when is None or (t_now is not None and (when - t_now).total_seconds() > CLOCK_SKEW_SECONDS):

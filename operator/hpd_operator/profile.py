@@ -221,7 +221,7 @@ def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
                 EnvEntry(name=contract.ENV_POD_NAME, field_path="metadata.name"),
                 EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
                 EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
-                EnvEntry(name=contract.ENV_KV_REPORT_CONFIGMAP, value=kv_reporter_name(valid.cr.metadata.name)),
+                EnvEntry(name=contract.ENV_KV_REPORT_LEASE, value=kv_reporter_name(valid.cr.metadata.name)),
             ]
             if role == "decode" and w.pair_checked
             else []

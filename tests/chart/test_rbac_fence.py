@@ -171,6 +171,32 @@ def test_the_default_install_confines_the_operators_token_and_the_operator_still
         assert got.startswith("403 ") and "is not" in got, got
         got = outcome(lambda: apps.delete_namespaced_deployment("theirs", work, **dry))
         assert got.startswith("403 "), got
+        # An ownerReference that cites a real CR's uid does not make any RoleBinding fair game: only the Role of the
+        # binding's own name, bound to the ServiceAccount of that name (what the builders make), passes.
+        owner = co.create_namespaced_custom_object("hybridpd.io", "v1alpha1", work, "hybridpddeployments",
+                                                   {**cr, "metadata": {"name": "owner"}})  # fmt: skip
+        ref = {"apiVersion": "hybridpd.io/v1alpha1", "kind": "HybridPDDeployment", "name": "owner",
+               "uid": owner["metadata"]["uid"]}  # fmt: skip
+        rbac = client.RbacAuthorizationV1Api(sa)
+        client.RbacAuthorizationV1Api(k8s.api).create_namespaced_role(  # what a binding may name must exist
+            work, {"metadata": {"name": "owner-router", "ownerReferences": [ref]}, "rules": []}
+        )
+
+        def binding(name: str, subject: dict[str, str], role: str) -> dict[str, Any]:
+            return {"metadata": {"name": name, "ownerReferences": [ref]}, "subjects": [subject],
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}}  # fmt: skip
+
+        everyone = {"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}
+        for bad in (binding("owner-router", everyone, "owner-router"),
+                    binding("owner-router", {"kind": "ServiceAccount", "name": "default"}, "owner-router"),
+                    binding("owner-x", {"kind": "ServiceAccount", "name": "owner-x"}, "owner-router")):  # fmt: skip
+            got = outcome(lambda bad=bad: rbac.create_namespaced_role_binding(work, bad, **dry))
+            assert got.startswith("403 ") and "binds only the Role" in got, got
+        good = binding("owner-router", {"kind": "ServiceAccount", "name": "owner-router", "namespace": work},
+                       "owner-router")  # fmt: skip
+        got = outcome(lambda: rbac.create_namespaced_role_binding(work, good, **dry))
+        assert not got.startswith("403 ") or "rbac.fence" not in got, got  # RBAC may still refuse: the fence does not
+        co.delete_namespaced_custom_object("hybridpd.io", "v1alpha1", work, "hybridpddeployments", "owner")
 
         # ... while the operator, as this ServiceAccount, reconciles a CR there from create to delete, no 403.
         op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))

@@ -97,7 +97,7 @@ def child_listers(api: client.ApiClient) -> dict[str, Callable[..., Any]]:
     return {
         "Deployment": apps.list_namespaced_deployment,
         "Service": core.list_namespaced_service,
-        "ConfigMap": core.list_namespaced_config_map,
+        "Lease": client.CoordinationV1Api(api).list_namespaced_lease,
         "ServiceAccount": core.list_namespaced_service_account,
         "Role": rbac.list_namespaced_role,
         "RoleBinding": rbac.list_namespaced_role_binding,
@@ -114,7 +114,7 @@ def children(api: client.ApiClient, ns: str, name: str) -> dict[str, list[str]]:
 EXPECTED = {
     "Deployment": ["{n}-decode-{g}", "{n}-prefill-{g}", "{n}-router"],
     "Service": ["{n}", "{n}-decode-{g}", "{n}-prefill-{g}"],
-    "ConfigMap": ["{n}-kv-reporter"],
+    "Lease": ["{n}-kv-reporter"],
     "ServiceAccount": ["{n}-kv-reporter", "{n}-router"],
     "Role": ["{n}-kv-reporter", "{n}-router"],
     "RoleBinding": ["{n}-kv-reporter", "{n}-router"],

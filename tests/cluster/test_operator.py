@@ -109,7 +109,10 @@ def test_seed_example_creates_every_child_with_the_exact_profile_and_becomes_rea
         assert sp.failure_threshold * sp.period_seconds >= 900 + 1800
         assert {p.name: p.container_port for p in c.ports} == {"http": 8000, "runtime": 8081, "nixl-side": 5600}
         pod_spec = dep.spec.template.spec
-        assert pod_spec.security_context.run_as_non_root is True and pod_spec.security_context.run_as_user == contract.IMAGE_UID
+        assert (
+            pod_spec.security_context.run_as_non_root is True
+            and pod_spec.security_context.run_as_user == contract.IMAGE_UID
+        )
         assert c.security_context.allow_privilege_escalation is False
         vols = {v.name: v for v in pod_spec.volumes}
         assert vols["dshm"].empty_dir.medium == "Memory"
@@ -475,9 +478,9 @@ def test_a_decode_reports_its_kv_path_and_the_operator_puts_it_in_the_status(
 ) -> None:
     """The decode runtime reports the KV rate its pair check measured (the runtime's own code,
     hpd_runtime/kube_events.py, with a token of the ServiceAccount the operator gave the decode pods, as the kubelet
-    would mount it: kwok runs no containers) into its CR's kv-reporter ConfigMap, and as an Event on its pod; the
+    would mount it: kwok runs no containers) onto its CR's kv-reporter Lease, and as an Event on its pod; the
     operator puts it into status.kvPath and DataPathVerified. Below the fabric's floor: reason KVPathBelowFloor and a
-    Warning Event, Ready untouched. The token may patch that one ConfigMap and create Events, nothing else."""
+    Warning Event, Ready untouched. The token may patch that one Lease and create Events, nothing else."""
     ns, name = namespace, "kvpath"
     create(api_client, ns, seed(name))
     wait_ready(api_client, ns, name)
@@ -496,13 +499,15 @@ def test_a_decode_reports_its_kv_path_and_the_operator_puts_it_in_the_status(
     on_pod = [e for e in events(api_client, ns, pod.metadata.name) if e.reason == contract.EVENT_REASON_KV_PATH]
     assert [e.message for e in on_pod] == [fast]  # the same report on the pod, for kubectl describe pod
 
-    # the token patches its CR's ConfigMap and creates Events, nothing else
+    # the token patches its CR's Lease and creates Events, nothing else
     call = caller(devcluster, token)
     assert call("GET", f"/api/v1/namespaces/{ns}/events") == 403
     assert call("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "x"}, "spec": {}}) == 403
     assert call("GET", f"/api/v1/namespaces/{ns}/secrets") == 403
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    assert call("GET", leases) == 403
+    assert call("POST", leases, {"metadata": {"name": "x"}}) == 403
     assert call("GET", f"/api/v1/namespaces/{ns}/configmaps") == 403
-    assert call("POST", f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "x"}}) == 403
     assert (
         call("POST", "/api/v1/namespaces/default/events", kube_events.event_body(target, "Normal", "x", {}, 0)) == 403
     )
@@ -523,7 +528,7 @@ def test_only_a_crs_own_decode_pods_can_set_its_kv_path(
 ) -> None:
     """The three spoofs of a KV path: (1) a KVPath Event about the victim's decode pod, posted by anyone who may
     create Events (here another CR's decode token), reaches nothing; (2) that token cannot write the victim's
-    kv-reporter ConfigMap; (3) a report of the victim's own decode stamped in 2099 does not win over its genuine
+    kv-reporter Lease; (3) a report of the victim's own decode stamped in 2099 does not win over its genuine
     reports. The victim's status keeps the genuine figure throughout."""
     ns = namespace
     for name in ("victim", "other"):
@@ -541,15 +546,15 @@ def test_only_a_crs_own_decode_pods_can_set_its_kv_path(
     ann = {contract.ANNOTATION_KV_BYTES_PER_SECOND: "1", contract.ANNOTATION_KV_BELOW_FLOOR: "true"}
     fake = kube_events.event_body(at_victim, "Warning", "KV moved at 0.00 GB/s (spoofed)", ann, 4_070_908_800)
     assert kube_events.post(at_victim, fake) == 201
-    # (2) the other CR's token may not touch the victim's ConfigMap (nor read it)
-    cm = f"/api/v1/namespaces/{ns}/configmaps/victim-kv-reporter"
+    # (2) the other CR's token may not touch the victim's Lease (nor read it)
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/victim-kv-reporter"
     spoof = {"uid": pod.metadata.uid, "bytesPerSecond": 1, "belowFloor": True, "message": "spoofed",
              "observedTime": "2099-01-01T00:00:00Z"}  # fmt: skip
-    assert kube_events.patch_report(dataclasses.replace(at_victim, configmap="victim-kv-reporter"),
-                                    {"data": {pod.metadata.name: json.dumps(spoof)}}) == 403  # fmt: skip
-    assert caller(devcluster, other_token)("GET", cm) == 403
+    body = {"metadata": {"annotations": {contract.ANNOTATION_KV_REPORT_PREFIX + pod.metadata.uid: json.dumps(spoof)}}}
+    assert kube_events.patch_report(dataclasses.replace(at_victim, lease="victim-kv-reporter"), body) == 403
+    assert caller(devcluster, other_token)("GET", lease) == 403
     # (3) the victim's own pod stamps a report in 2099: a time from the future never wins
-    assert kube_events.patch_report(own, {"data": {pod.metadata.name: json.dumps(spoof)}}) == 200
+    assert kube_events.patch_report(own, body) == 200
     hold(lambda: kv(get_cr(api_client, ns, "victim")).get("message") == genuine, 6, "the genuine report stays")
     victim = get_cr(api_client, ns, "victim")
     assert cond(victim, "DataPathVerified")["reason"] == "Verified", cond(victim, "DataPathVerified")
@@ -564,7 +569,7 @@ def decode_reporter(
     api_client: client.ApiClient, ns: str, name: str, devcluster: Any, tmp: Path
 ) -> tuple[client.V1Pod, str, kube_events.Target]:
     """CR `name`'s decode pod, a token of its ServiceAccount as the kubelet would project it, and the runtime's
-    report target built from the pod's env (the ConfigMap name the operator rendered)."""
+    report target built from the pod's env (the Lease name the operator rendered)."""
     core = client.CoreV1Api(api_client)
     sel = f"{contract.LABEL_INSTANCE}={name},{contract.LABEL_COMPONENT}=decode"
     pod = core.list_namespaced_pod(ns, label_selector=sel).items[0]
@@ -579,7 +584,7 @@ def decode_reporter(
     target = kube_events.Target(
         server=devcluster.server, token_path=str(tmp / "token"), ca_path=str(devcluster.pki / "ca.crt"),
         pod=pod.metadata.name, namespace=ns, uid=pod.metadata.uid,
-        configmap=env[contract.ENV_KV_REPORT_CONFIGMAP].value,
+        lease=env[contract.ENV_KV_REPORT_LEASE].value,
     )  # fmt: skip
     return pod, token, target
 

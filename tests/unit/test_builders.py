@@ -77,7 +77,7 @@ def test_seed_builds_the_full_child_set() -> None:
             ("ServiceAccount", f"{n}-kv-reporter"),
             ("Role", f"{n}-kv-reporter"),
             ("RoleBinding", f"{n}-kv-reporter"),
-            ("ConfigMap", f"{n}-kv-reporter"),
+            ("Lease", f"{n}-kv-reporter"),
             ("Service", n),
             ("Deployment", f"{n}-router"),
             ("NetworkPolicy", f"{n}-engines"),
@@ -390,24 +390,21 @@ def test_every_generated_pod_is_pss_restricted_and_only_router_and_decode_get_a_
             assert "serviceAccountName" not in pod
 
 
-def test_the_decode_reporter_may_only_patch_its_configmap_and_create_events_and_exists_only_with_the_pair_check() -> (
-    None
-):
+def test_the_decode_reporter_may_only_patch_its_lease_and_create_events_and_exists_only_with_the_pair_check() -> None:
     objs = {(o["kind"], o["metadata"]["name"]): o for o in build(seed_doc())}
     role = objs[("Role", "nemotron-3-nano-kv-reporter")]
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["nemotron-3-nano-kv-reporter"],
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["nemotron-3-nano-kv-reporter"],
          "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]  # fmt: skip
-    assert "data" not in objs[("ConfigMap", "nemotron-3-nano-kv-reporter")]  # the decode pods' keys stay theirs
+    lease = objs[("Lease", "nemotron-3-nano-kv-reporter")]  # the decode pods' annotations stay theirs
+    assert "spec" not in lease and set(lease["metadata"].get("annotations") or {}) <= {contract.ANNOTATION_DESIRED_HASH}
     decode = next(o for o in objs.values() if o["kind"] == "Deployment" and "-decode-" in o["metadata"]["name"])
     env = {e["name"]: e.get("value") for e in decode["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env[contract.ENV_KV_REPORT_CONFIGMAP] == "nemotron-3-nano-kv-reporter"
+    assert env[contract.ENV_KV_REPORT_LEASE] == "nemotron-3-nano-kv-reporter"
     kinds = [o["kind"] for o in build(seed_doc())]  # ServiceAccounts and RBAC are applied before the workloads
-    assert max(kinds.index(k) for k in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap")) < kinds.index(
-        "Deployment"
-    )
+    assert max(kinds.index(k) for k in ("ServiceAccount", "Role", "RoleBinding", "Lease")) < kinds.index("Deployment")
     binding = objs[("RoleBinding", "nemotron-3-nano-kv-reporter")]
     assert binding["subjects"][0]["name"] == "nemotron-3-nano-kv-reporter"
     assert ("ServiceAccount", "nemotron-3-nano-kv-reporter") in objs
@@ -442,7 +439,7 @@ def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool,
     e = env(pod["containers"][0])
     assert e[contract.ENV_WARMUP_PAIR_CHECK] == str(on).lower()
     assert e[contract.ENV_CANARY_SECONDS] == str(canary if on else 0)
-    assert (contract.ENV_POD_NAME in e, contract.ENV_KV_REPORT_CONFIGMAP in e) == (on, on)
+    assert (contract.ENV_POD_NAME in e, contract.ENV_KV_REPORT_LEASE in e) == (on, on)
     assert pod["automountServiceAccountToken"] is on and ("serviceAccountName" in pod) is on
     assert bool([o for o in objs if o["metadata"]["name"].endswith("-kv-reporter")]) is on
     cr = cr_from(doc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hpd_operator.podevents import kv_path, probe_failure
+from hpd_operator.podevents import kv_path, probe_failure, stale_reports
 
 DIFFERS = "P->D output differs from local on 2/16 prompts via prefill 10.0.0.7:8000: ...; if spec.blockSize is set"
 
@@ -51,7 +51,7 @@ def test_aggregated_events_and_long_messages() -> None:
     assert out is not None and out.startswith(f"pod d-1: {DIFFERS}") and out.endswith("...") and len(out) < 700
 
 
-# --- status.kvPath from the CR's kv-reporter ConfigMap ------------------------------------------------------------
+# --- status.kvPath from the CR's kv-reporter Lease ----------------------------------------------------------------
 NOW = "2026-12-03T10:00:00Z"
 
 
@@ -63,9 +63,9 @@ def report(uid: str, when: str, rate: int = 14_200_000_000, **extra: Any) -> str
 
 def test_the_newest_report_of_a_ready_decode_pod_is_the_kv_path() -> None:
     pods = [pod("d-1", ready=True), pod("d-2", ready=True)]
-    data = {"d-1": report("uid-d-1", "2026-12-03T09:00:00Z", 1), "d-2": report("uid-d-2", "2026-12-03T09:30:00Z", 2,
-            transport="cuda_ipc")}  # fmt: skip
-    got = kv_path(pods, data, NOW)
+    reports = {"uid-d-1": report("uid-d-1", "2026-12-03T09:00:00Z", 1),
+               "uid-d-2": report("uid-d-2", "2026-12-03T09:30:00Z", 2, transport="cuda_ipc")}  # fmt: skip
+    got = kv_path(pods, reports, NOW)
     assert got == {"pod": "d-2", "message": "KV moved at 0.0 GB/s", "bytesPerSecond": 2, "bytesPerRequest": 173_000_000,
                    "fabric": "tcp", "transport": "cuda_ipc", "belowFloor": False,
                    "observedTime": "2026-12-03T09:30:00Z"}  # fmt: skip
@@ -74,20 +74,32 @@ def test_the_newest_report_of_a_ready_decode_pod_is_the_kv_path() -> None:
 def test_reports_of_not_ready_gone_or_earlier_pods_and_from_the_future_are_ignored() -> None:
     pods = [pod("d-1", ready=True), pod("d-2", ready=False)]
     genuine = report("uid-d-1", "2026-12-03T09:00:00Z")
-    assert kv_path(pods, {"d-1": genuine}, NOW) is not None
-    for data in (
-        {"d-2": report("uid-d-2", "2026-12-03T09:59:00Z")},  # not Ready now
-        {"d-9": report("uid-d-9", "2026-12-03T09:59:00Z")},  # no such pod
-        {"d-1": report("uid-earlier", "2026-12-03T09:59:00Z")},  # an earlier pod of the same name
-        {"d-1": report("uid-d-1", "2099-01-01T00:00:00Z")},  # stamped in the future
-        {"d-1": "not json"},
-        {"d-1": json.dumps(["a", "list"])},
-        {"d-1": report("uid-d-1", "yesterday")},
+    assert kv_path(pods, {"uid-d-1": genuine}, NOW) is not None
+    for reports in (
+        {"uid-d-2": report("uid-d-2", "2026-12-03T09:59:00Z")},  # not Ready now
+        {"uid-d-9": report("uid-d-9", "2026-12-03T09:59:00Z")},  # no such pod
+        {"uid-d-1": report("uid-earlier", "2026-12-03T09:59:00Z")},  # the body names another pod
+        {"uid-d-1": report("uid-d-1", "2099-01-01T00:00:00Z")},  # stamped in the future
+        {"uid-d-1": "not json"},
+        {"uid-d-1": json.dumps(["a", "list"])},
+        {"uid-d-1": report("uid-d-1", "yesterday")},
     ):
-        assert kv_path(pods, data, NOW) is None, data
+        assert kv_path(pods, reports, NOW) is None, reports
     # a future stamp beside the genuine report never wins over it
-    two = {"d-1": genuine, "d-2": report("uid-d-2", "2099-01-01T00:00:00Z")}
+    two = {"uid-d-1": genuine, "uid-d-2": report("uid-d-2", "2099-01-01T00:00:00Z")}
     got = kv_path([pod("d-1", ready=True), pod("d-2", ready=True)], two, NOW)
     assert got is not None and got["pod"] == "d-1"
-    assert kv_path(pods, {"d-1": report("uid-d-1", "2026-12-03T10:00:30Z")}, NOW) is not None  # within clock skew
+    assert kv_path(pods, {"uid-d-1": report("uid-d-1", "2026-12-03T10:00:30Z")}, NOW) is not None  # within skew
     assert kv_path(pods, None, NOW) is None
+
+
+def test_reports_of_pods_long_gone_are_the_stale_ones() -> None:
+    pods = [pod("d-1", ready=False)]  # any state counts as present
+    reports = {
+        "uid-d-1": report("uid-d-1", "2026-12-03T08:00:00Z"),
+        "uid-old": report("uid-old", "2026-12-03T09:49:00Z"),  # gone, reported 11 minutes ago
+        "uid-new": report("uid-new", "2026-12-03T09:55:00Z"),  # maybe a pod the cache has not seen yet
+        "uid-bad": "not json",
+    }
+    assert stale_reports(pods, reports, NOW) == ["uid-bad", "uid-old"]
+    assert stale_reports(pods, None, NOW) == []

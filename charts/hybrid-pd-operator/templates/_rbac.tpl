@@ -31,8 +31,9 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
   resources: ["events"]
   verbs: ["create", "get", "patch", "list", "watch"]
 # create on core events (above) also lets the operator give each CR's decode pods the `<cr>-kv-reporter` Role that may
-# create Events (RBAC escalation prevention), as get+patch on configmaps (below) lets it grant get+patch on that CR's
-# kv-reporter ConfigMap, where the decode pods' KV path reports go (status.kvPath).
+# create Events (RBAC escalation prevention), as get+patch on leases (below) lets it grant get+patch on that CR's
+# kv-reporter Lease, where the decode pods' KV path reports go (status.kvPath). A Lease, not a ConfigMap: watching
+# the kind means reading every object of it in the cluster, and ConfigMaps hold other workloads' configuration.
 # Children (apply.KINDS). list+watch: kopf's watch of each kind feeds the cache the reconcile reads (ownership,
 # desired-hash, Deployment status; handlers._register_children); patch: server-side apply of a child that is
 # missing, changed or drifted (apply.apply); create: the same apply PATCH creates a missing child, which the
@@ -41,7 +42,10 @@ event-driven (handlers.py): it list+watches every kind it reads, and lists nothi
 # taken over (apply.foreign), and a child another manager touched is read back for the drift test
 # (handlers.needs_apply). No update: no such call is made.
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts", "configmaps"]
+  resources: ["services", "serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]

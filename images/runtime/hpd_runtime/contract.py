@@ -142,16 +142,20 @@ ENV_POD_UID: Final = "HPD_POD_UID"
 """Decode with the pair check: downward API `metadata.uid`."""
 EVENT_REASON_KV_PATH: Final = "KVPath"
 """The reason of the Event a decode posts on its own pod with the KV rate its pair check or canary measured (Normal;
-Warning below the fabric's floor), for `kubectl describe pod`; the operator reads the same report from the ConfigMap
-(ENV_KV_REPORT_CONFIGMAP), never from Events."""
+Warning below the fabric's floor), for `kubectl describe pod`; the operator reads the same report from the CR's
+kv-reporter Lease (ENV_KV_REPORT_LEASE), never from Events."""
 EVENT_COMPONENT_RUNTIME: Final = "hpd-runtime"
-ENV_KV_REPORT_CONFIGMAP: Final = "HPD_KV_REPORT_CONFIGMAP"
-"""Decode with the pair check: the ConfigMap (`<cr>-kv-reporter`) whose `data[<pod name>]` holds the pod's KV path
-report (KV_REPORT_FIELDS, JSON). Only the CR's kv-reporter ServiceAccount may patch it (its Role names it), so the
-operator reads the KV path from there and not from Events, which anyone who may create Events can post."""
+ENV_KV_REPORT_LEASE: Final = "HPD_KV_REPORT_LEASE"
+"""Decode with the pair check: the Lease (coordination.k8s.io, `<cr>-kv-reporter`) whose annotation
+`ANNOTATION_KV_REPORT_PREFIX + <pod uid>` holds the pod's KV path report (KV_REPORT_FIELDS, JSON). Only the CR's
+kv-reporter ServiceAccount may patch it (its Role names it), so the operator reads the KV path from there and not
+from Events, which anyone who may create Events can post. A Lease, not a ConfigMap: the operator watches the kind it
+reads, and watching every ConfigMap of the cluster is read access to all of them."""
+ANNOTATION_KV_REPORT_PREFIX: Final = f"kv.{GROUP}/"
+"""The prefix of a decode pod's report annotation on the kv-reporter Lease; the rest is the pod's uid."""
 KV_REPORT_FIELDS: Final = ("uid", "bytesPerSecond", "bytesPerRequest", "fabric", "belowFloor", "message",
                            "observedTime", "transport")  # fmt: skip
-"""The keys of one KV path report in that ConfigMap (camelCase, as status.kvPath names them; `uid`: the pod's)."""
+"""The keys of one KV path report on that Lease (camelCase, as status.kvPath names them; `uid`: the pod's)."""
 ANNOTATION_KV_BYTES_PER_SECOND: Final = f"{GROUP}/kv-bytes-per-second"
 ANNOTATION_KV_BYTES_PER_REQUEST: Final = f"{GROUP}/kv-bytes-per-request"
 ANNOTATION_KV_FABRIC: Final = f"{GROUP}/kv-fabric"

@@ -2,14 +2,14 @@
 
 The pair check and the canary measure the KV rate (`kvstats`); /readyz and the metrics carry it, and this module
 writes it twice:
-- into `data[<pod name>]` of the ConfigMap `<cr>-kv-reporter` (HPD_KV_REPORT_CONFIGMAP), a JSON object with the keys
-  `contract.KV_REPORT_FIELDS`. The operator reads only this into the CR's `status.kvPath` and its DataPathVerified
-  condition: only the CR's kv-reporter ServiceAccount may patch that ConfigMap (its Role names it), so no other CR's
-  pods and no one who may merely create Events can put a figure there;
+- into the annotation `kv.hybridpd.io/<pod uid>` of the Lease `<cr>-kv-reporter` (HPD_KV_REPORT_LEASE), a JSON object
+  with the keys `contract.KV_REPORT_FIELDS`. The operator reads only this into the CR's `status.kvPath` and its
+  DataPathVerified condition: only the CR's kv-reporter ServiceAccount may patch that Lease (its Role names it), so
+  no other CR's pods and no one who may merely create Events can put a figure there;
 - as a core/v1 Event about the decode pod, reason `KVPath` (Normal; Warning below the declared fabric's floor), with
   the figures in annotations, for `kubectl describe pod`.
 
-The pod's ServiceAccount (`<cr>-kv-reporter`, made by the operator) may patch that ConfigMap and create Events, nothing
+The pod's ServiceAccount (`<cr>-kv-reporter`, made by the operator) may patch that Lease and create Events, nothing
 else. Outside a cluster (no token, no KUBERNETES_SERVICE_HOST, no HPD_POD_NAME) nothing is sent. A failed write is
 logged, never raised: the report is a convenience, Ready does not depend on it.
 
@@ -52,8 +52,8 @@ class Target:
     pod: str
     namespace: str
     uid: str
-    configmap: str | None = None
-    """The CR's kv-reporter ConfigMap (None: no report into the status, the Event only)."""
+    lease: str | None = None
+    """The CR's kv-reporter Lease (None: no report into the status, the Event only)."""
 
 
 def target_from_env(env: Mapping[str, str] | None = None) -> Target | None:
@@ -66,8 +66,8 @@ def target_from_env(env: Mapping[str, str] | None = None) -> Target | None:
         return None
     server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     ca = env.get("HPD_KUBE_CA_PATH", CA_PATH)
-    configmap = env.get(c.ENV_KV_REPORT_CONFIGMAP, "").strip() or None
-    return Target(server, token, ca if os.path.exists(ca) else None, pod, ns, uid, configmap)
+    lease = env.get(c.ENV_KV_REPORT_LEASE, "").strip() or None
+    return Target(server, token, ca if os.path.exists(ca) else None, pod, ns, uid, lease)
 
 
 def _stamp(when: float) -> str:
@@ -95,9 +95,10 @@ def event_body(t: Target, type_: str, message: str, annotations: Mapping[str, st
 
 
 def report_patch(t: Target, report: Mapping[str, Any]) -> dict[str, Any]:
-    """The merge patch that puts this pod's report into the kv-reporter ConfigMap (pure): only its own key changes."""
+    """The merge patch that puts this pod's report on the kv-reporter Lease (pure): only its own annotation changes."""
     doc = {k: report[k] for k in c.KV_REPORT_FIELDS if report.get(k) is not None}
-    return {"data": {t.pod: json.dumps(doc, sort_keys=True, separators=(",", ":"))}}
+    value = json.dumps({**doc, "pod": t.pod}, sort_keys=True, separators=(",", ":"))
+    return {"metadata": {"annotations": {c.ANNOTATION_KV_REPORT_PREFIX + t.uid: value}}}
 
 
 def post(t: Target, body: Mapping[str, Any]) -> int:
@@ -106,10 +107,10 @@ def post(t: Target, body: Mapping[str, Any]) -> int:
 
 
 def patch_report(t: Target, body: Mapping[str, Any]) -> int:
-    """PATCH the kv-reporter ConfigMap; the HTTP status (200 on success), 0 when unreachable or no ConfigMap."""
-    if t.configmap is None:
+    """PATCH the kv-reporter Lease; the HTTP status (200 on success), 0 when unreachable or no Lease."""
+    if t.lease is None:
         return 0
-    path = f"/api/v1/namespaces/{t.namespace}/configmaps/{t.configmap}"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{t.namespace}/leases/{t.lease}"
     return _send(t, "PATCH", path, body, "application/merge-patch+json")
 
 
@@ -150,8 +151,8 @@ class Reporter:
     def report(
         self, message: str, *, rate: float, per_request: float, fabric: str, slow: bool, transport: str | None = None
     ) -> bool:
-        """Write one report if due (the ConfigMap, then the Event); True when the ConfigMap took it (or, with no
-        ConfigMap configured, when the Event was created)."""
+        """Write one report if due (the Lease, then the Event); True when the Lease took it (or, with no Lease
+        configured, when the Event was created)."""
         if self.target is None:
             return False
         now = time.time()
@@ -170,13 +171,13 @@ class Reporter:
                 "transport": transport,
             }  # fmt: skip
             stored = patch_report(self.target, report_patch(self.target, report))
-            if self.target.configmap is not None and stored != 200:
+            if self.target.lease is not None and stored != 200:
                 log_event("kv_path_report_failed", level="warning", status=stored, server=self.target.server)
             body = event_body(self.target, "Warning" if slow else "Normal", message, annotations, now)
             status = post(self.target, body)
             if status != 201:
                 log_event("kv_path_event_failed", level="warning", status=status, server=self.target.server)
-            if (stored if self.target.configmap is not None else status) not in (200, 201):
+            if (stored if self.target.lease is not None else status) not in (200, 201):
                 return False
             self.last_rate, self.last_slow, self.last_at = rate, slow, now
         log_event("kv_path_event", pod=self.target.pod, type="Warning" if slow else "Normal")

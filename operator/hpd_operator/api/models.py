@@ -770,7 +770,7 @@ class RolloutStatus(_Model):
 
 class KVPathStatus(_Model):
     """The KV path as the serving generation's decode last measured it (its pair check or canary: the newest report
-    of a Ready decode pod in the ConfigMap `<cr>-kv-reporter`, which only the CR's own decode pods may write;
+    of a Ready decode pod on the Lease `<cr>-kv-reporter`, which only the CR's own decode pods may write;
     hpd_runtime/kube_events.py)."""
 
     pod: str | None = None

@@ -85,7 +85,7 @@ def router_name(cr_name: str) -> str:
 
 
 def kv_reporter_name(cr_name: str) -> str:
-    """`<cr>-kv-reporter`: the decode pods' ServiceAccount, Role, RoleBinding and the ConfigMap their KV path reports
+    """`<cr>-kv-reporter`: the decode pods' ServiceAccount, Role, RoleBinding and the Lease their KV path reports
     go into (hpd_runtime/kube_events.py)."""
     return short_name(cr_name, "kv-reporter")
 

@@ -229,7 +229,7 @@ def _engine_pod_spec(
     reports = reports_kv_path(cr, role, group_role)
     pod_spec: dict[str, Any] = {
         # vLLM never calls the Kubernetes API. Only a decode that runs the pair check (a group's leader) gets a
-        # token, of a ServiceAccount that may only create Events and patch its CR's KV report ConfigMap
+        # token, of a ServiceAccount that may only create Events and patch its CR's KV report Lease
         # (build_kv_reporter_rbac).
         **({"serviceAccountName": kv_reporter_name(cr.metadata.name)} if reports else {}),
         "automountServiceAccountToken": reports,
@@ -404,8 +404,8 @@ def reports_kv_path(cr: HybridPDDeployment, role: contract.Role, group_role: con
 
 def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
     """What the decode pods report their measured KV path with (hpd_runtime/kube_events.py): a ServiceAccount, a
-    ConfigMap of the same name whose `data[<pod>]` holds each pod's report (the operator writes no data; it reads
-    the reports into status.kvPath), and a Role that may patch only that ConfigMap and create Events (the same
+    Lease of the same name whose annotations `kv.hybridpd.io/<pod uid>` hold each pod's report (the operator sets
+    none of them; it reads them into status.kvPath), and a Role that may patch only that Lease and create Events (the same
     report on the pod, for `kubectl describe pod`). None without the pair check. Listed before the workloads that
     use them, so a first deploy never meets "serviceaccount not found"."""
     if not cr.spec.warmup.pair_checked:
@@ -414,13 +414,18 @@ def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
     rn = kv_reporter_name(name)
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(name, ns, rn, "decode")},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(name, ns, rn, "decode")},
+        {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata(name, ns, rn, "decode")},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": metadata(name, ns, rn, "decode"),
             "rules": [
-                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [rn], "verbs": ["get", "patch"]},
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [rn],
+                    "verbs": ["get", "patch"],
+                },
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
             ],
         },
