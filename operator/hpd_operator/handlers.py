@@ -752,12 +752,22 @@ def probe_details(run: Run, live: generations.Live) -> dict[tuple[str, str], str
 
 def kv_path_report(run: Run) -> dict[str, Any] | None:
     """status.kvPath: the newest KV path report of a Ready decode pod of the CR (during a rollout, either
-    generation's) in the CR's kv-reporter ConfigMap, as the watch cache holds it (podevents.kv_path)."""
+    generation's) on the CR's kv-reporter Lease, as the watch cache holds it (podevents.kv_path)."""
     pods = (run.pods or {}).get("decode") or []
-    held = run.cache.child(run.namespace, "v1", "ConfigMap", kv_reporter_name(run.name))
+    held = run.cache.child(run.namespace, "coordination.k8s.io/v1", "Lease", kv_reporter_name(run.name))
     if held is None or not k8s.owned_by(held, run.uid):
         return None
-    return podevents.kv_path(pods, held.get("data"), report.now())
+    now = report.now()
+    stale = podevents.stale_reports(run.cache.pods(run.namespace, run.instance), held.get("reports"), now)
+    if stale:  # reports of pods long gone: removed so the Lease's annotations do not grow with every restart
+        gone = {contract.ANNOTATION_KV_REPORT_PREFIX + uid: None for uid in stale}
+        try:
+            k8s.patch(run.api, held, {"metadata": {"annotations": gone}})
+        except client.ApiException as e:
+            log.warning(
+                f"{run.namespace}/{run.name}: removing {len(stale)} stale KV path reports: {k8s.api_message(e)}"
+            )
+    return podevents.kv_path(pods, held.get("reports"), now)
 
 
 def write_report(run: Run) -> dict[str, Any]:
