@@ -123,6 +123,7 @@ def test_a_refused_generation_backs_off_and_writes_no_new_number(
     made = writes_total(op) - before
     after = {n: get_cr(api_client, ns, n)["status"]["rollout"] for n in names}
 
+    print(f"\noperator writes in {WINDOW:.0f} s for {len(names)} CRs with a refused generation: {made:.0f}")
     # 3 CRs, about 2 retries each in the window, each retry 2 refused applies (prefill and decode): a loop is 1000s
     assert made < 10 * len(names), f"{made:.0f} operator writes in {WINDOW:.0f} s for {len(names)} stuck CRs"
     for n in names:
