@@ -88,7 +88,7 @@ def test_install_upgrade_with_crd_change_and_uninstall(scope: str, k8s: Cluster,
                  "--timeout", "90s", kubeconfig=kubeconfig)  # fmt: skip
         crd = served_crd(helm, kubeconfig)
         assert [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]] == [
-            "Ready", "Prefill", "Decode", "Model", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Endpoint",
+            "Ready", "Prefill", "Decode", "Model", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Serving", "Endpoint",
             "Age",
         ]  # fmt: skip
         cr = {

@@ -97,7 +97,8 @@ def test_crd_identity_subresources_and_columns(crd: dict[str, Any]) -> None:
         "statusReplicasPath": ".status.decode.replicas",
         "labelSelectorPath": ".status.decode.selector",
     }
-    columns = ["Ready", "Prefill", "Decode", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Endpoint", "Age"]
+    columns = ["Ready", "Prefill", "Decode", "Gen", "Rollout", "Prefill-Scaler", "Decode-Scaler", "Serving", "Endpoint",
+               "Age"]  # fmt: skip
     assert [c["name"] for c in v["additionalPrinterColumns"]] == columns
 
 
