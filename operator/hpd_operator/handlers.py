@@ -628,12 +628,21 @@ def unblocked(run: Run, obj: Manifest) -> Manifest:
 def apply_children(run: Run) -> None:
     """Create or server-side apply each desired child this CR may own that differs from what runs. Any refusal of
     the apiserver is reported (ApplyFailed, naming the child, the code and the apiserver's message; the CR is
-    retried with backoff), the rest still applied; only a lost connection ends the step."""
+    retried with backoff), the rest still applied; only a lost connection ends the step. A workload whose
+    ServiceAccount could not be created in this pass waits for the retry (its pods would fail "serviceaccount not
+    found" and the Deployment controller would report a RolloutFailed of its own)."""
     refused: list[str] = []
+    missing_accounts: set[str] = set()
     conflicts = len(run.conflicts)
     for desired in run.desired:
         k, obj = k8s.key(desired), desired
         if k in run.conflicts:
+            continue
+        account = pod_service_account(obj)
+        if account is not None and account in missing_accounts:
+            refused.append(
+                f"{obj['kind']} {obj['metadata']['name']}: not applied until ServiceAccount {account} exists"
+            )
             continue
         try:
             try:
@@ -649,6 +658,8 @@ def apply_children(run: Run) -> None:
             metrics.api_error("apply", e.status)
             why = blame.hint(k8s.api_message(e), obj, run.body.get("spec") or {})
             refused.append(f"{obj['kind']} {obj['metadata']['name']}: {why}")
+            if obj["kind"] == "ServiceAccount" and k in run.absent:
+                missing_accounts.add(str(obj["metadata"]["name"]))
             continue
         if new is None:
             continue
@@ -665,6 +676,17 @@ def apply_children(run: Run) -> None:
         run.failure = run.failure or Failure(Reason.APPLY_FAILED, message)
         if run.failure.reason != Reason.APPLY_FAILED:
             run.failure = Failure(run.failure.reason, f"{run.failure.message}; {message}")
+
+
+def pod_service_account(obj: Mapping[str, Any]) -> str | None:
+    """The ServiceAccount a workload's pods run as (a Deployment's template, a LeaderWorkerSet's leader or worker)."""
+    spec = obj.get("spec") or {}
+    group = spec.get("leaderWorkerTemplate") or {}
+    for template in (spec.get("template"), group.get("leaderTemplate"), group.get("workerTemplate")):
+        name = ((template or {}).get("spec") or {}).get("serviceAccountName")
+        if name:
+            return str(name)
+    return None
 
 
 def _action(old: Manifest | None, new: Manifest) -> Reason | None:
