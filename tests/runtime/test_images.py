@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hpd_runtime import contract
+
 from .conftest import REPO
 
 IMAGES = REPO / "images"
@@ -60,9 +62,10 @@ def test_hadolint_is_clean(dockerfile: Path) -> None:
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_images_run_as_a_numeric_non_root_user(dockerfile: Path) -> None:
-    user = last(dockerfile, "USER").replace("${UID}", "1000")
-    assert user == "1000"
-    assert re.search(r"ARG UID=1000\b", dockerfile.read_text())
+    uid = str(contract.IMAGE_UID)  # >= 10000: no overlap with a host's own users (checkov CKV_K8S_40)
+    user = last(dockerfile, "USER").replace("${UID}", uid)
+    assert user == uid
+    assert re.search(rf"ARG UID={uid}\b", dockerfile.read_text())
 
 
 def test_vllm_image_contract() -> None:
