@@ -22,6 +22,7 @@ from typing import Final
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import kv_reporter_name, role_name
+from hpd_operator.api.paircheck import pair_check
 from hpd_operator.modelinfo import disk_plan
 from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
 from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, Settings
@@ -204,29 +205,24 @@ def _chunk_env(s: Settings, valid: Validated) -> list[EnvEntry]:
 
 
 def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
-    w = valid.spec.warmup
-    return [
+    w, check = valid.spec.warmup, pair_check(valid.spec.warmup)
+    env = [
         EnvEntry(name=contract.ENV_WARMUP_ENABLED, value=str(w.enabled).lower()),
         EnvEntry(name=contract.ENV_WARMUP_PROMPT_LENGTHS, value=",".join(map(str, w.prompt_lengths))),
         EnvEntry(name=contract.ENV_WARMUP_CONCURRENCY, value=str(w.concurrency)),
         EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
-        EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(w.pair_checked and role == "decode").lower()),
-        *(
-            [EnvEntry(name=contract.ENV_CANARY_SECONDS, value=str(w.canary_seconds if w.pair_checked else 0))]
-            if role == "decode"
-            else []
-        ),
-        *(
-            [  # the pod the KV path report is about, and where it goes (hpd_runtime/kube_events.py)
-                EnvEntry(name=contract.ENV_POD_NAME, field_path="metadata.name"),
-                EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
-                EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
-                EnvEntry(name=contract.ENV_KV_REPORT_LEASE, value=kv_reporter_name(valid.cr.metadata.name)),
-            ]
-            if role == "decode" and w.pair_checked
-            else []
-        ),
+        EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(check.runs_on(role)).lower()),
     ]
+    if role == "decode":
+        env.append(EnvEntry(name=contract.ENV_CANARY_SECONDS, value=str(check.canary_seconds)))
+    if check.reports_kv_path(role):  # the pod the KV path report is about, and where it goes (hpd_runtime)
+        env += [
+            EnvEntry(name=contract.ENV_POD_NAME, field_path="metadata.name"),
+            EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
+            EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
+            EnvEntry(name=contract.ENV_KV_REPORT_LEASE, value=kv_reporter_name(valid.cr.metadata.name)),
+        ]
+    return env
 
 
 def _gemm_env(s: Settings, warmup: WarmupSpec) -> list[EnvEntry]:
@@ -330,7 +326,7 @@ def _hybrid_args(s: Settings, valid: Validated, role: contract.Role) -> list[str
 
 
 def _pair_check_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
-    if not (role == "decode" and valid.spec.warmup.pair_checked):
+    if not pair_check(valid.spec.warmup).runs_on(role):
         return []
     return s.flag(
         "--enable-prompt-tokens-details",

@@ -20,6 +20,7 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.api.names import endpoint_url, selector_string
+from hpd_operator.api.paircheck import pair_check
 from hpd_operator.conditions import (
     COMPONENT_CONDITION,
     FAILURE_REASONS,
@@ -710,11 +711,11 @@ def _data_path_condition(
     ctype = ConditionType.DATA_PATH_VERIFIED
     if spec is None:
         return _cond(ctype, None, Reason.UNKNOWN, "the spec is not valid")
-    w, fabric = spec.warmup, spec.kv_transfer
-    if not w.pair_checked:
+    check, fabric = pair_check(spec.warmup), spec.kv_transfer
+    if not check.on:
         return _cond(ctype, None, Reason.PAIR_CHECK_DISABLED, "spec.warmup.pairCheck (or warmup) is off: P->D is "
                      "not verified before traffic")  # fmt: skip
-    canary = f"re-proved every {w.canary_seconds} s (canary)" if w.canary_seconds else "canary off"
+    canary = check.canary
     if decode.desired > 0 and decode.ready_all:
         measured = f"pod {kv['pod']}: {kv.get('message')}" if kv else "decode's /readyz names the measured rate"
         msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "

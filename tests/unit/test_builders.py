@@ -425,9 +425,10 @@ def test_the_decode_reporter_may_only_patch_its_lease_and_create_events_and_exis
 @pytest.mark.parametrize("pair_check", [True, False])
 @pytest.mark.parametrize("canary", [0, 120])
 def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool, pair_check: bool, canary: int) -> None:
-    """The pair check runs only with warmup on and pairCheck on (WarmupSpec.pair_checked); the decode's env, its
-    identity and token, the kv-reporter objects and status' DataPathVerified all follow that one decision (a CR with
-    warmup off used to render HPD_WARMUP_PAIR_CHECK=true and the canary without the token)."""
+    """The pair check runs only with warmup on and pairCheck on (api.paircheck.pair_check); the decode's env, its
+    identity and token, its --enable-prompt-tokens-details, the kv-reporter objects and status' DataPathVerified all
+    follow that one decision, and prefill never runs it (a CR with warmup off used to render
+    HPD_WARMUP_PAIR_CHECK=true and the canary without the token)."""
     from hpd_operator.status import compute_status
 
     doc = seed_doc()
@@ -442,6 +443,11 @@ def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool,
     assert (contract.ENV_POD_NAME in e, contract.ENV_KV_REPORT_LEASE in e) == (on, on)
     assert pod["automountServiceAccountToken"] is on and ("serviceAccountName" in pod) is on
     assert bool([o for o in objs if o["metadata"]["name"].endswith("-kv-reporter")]) is on
+    assert ("--enable-prompt-tokens-details" in pod["containers"][0]["args"]) is on
+    prefill = next(o for o in objs if o["kind"] == "Deployment" and "-prefill-" in o["metadata"]["name"])
+    pe = env(prefill["spec"]["template"]["spec"]["containers"][0])
+    assert pe[contract.ENV_WARMUP_PAIR_CHECK] == "false" and contract.ENV_CANARY_SECONDS not in pe
+    assert prefill["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     cr = cr_from(doc)
     st = compute_status(name="x", namespace="ns1", spec=cr.spec, observed={}, generation=1)
     path = next(c for c in st["conditions"] if c["type"] == "DataPathVerified")

@@ -495,11 +495,6 @@ class WarmupSpec(_Model):
     +11 ms per new length on an H200). Costs 7-10 s of startup on the bench model, more with larger weights; bounded
     by timeoutSeconds (at most 300 s). Ignored when `enabled` is false."""
 
-    @property
-    def pair_checked(self) -> bool:
-        """Decode runs the pair check (and with it the canary and its KV path report): warmup and pairCheck both on."""
-        return self.enabled and self.pair_check
-
 
 class CacheSpec(_Model):
     """Persistent compile/Triton cache, keyed by model x vLLM version x GPU x TP x role."""

@@ -19,6 +19,7 @@ from hpd_operator.api.names import (
     selector_labels,
     serving_selector,
 )
+from hpd_operator.api.paircheck import pair_check
 from hpd_operator.builders.common import (
     POD_SECURITY_DEFAULTS,
     Manifest,
@@ -399,7 +400,7 @@ def build_engine_pdb(cr: HybridPDDeployment, role: contract.Role, gen: Generatio
 def reports_kv_path(cr: HybridPDDeployment, role: contract.Role, group_role: contract.GroupRole | None) -> bool:
     """Whether this engine pod measures and reports the KV path: a decode that runs the pair check (a group's
     leader, not its workers)."""
-    return role == "decode" and cr.spec.warmup.pair_checked and group_role != contract.GROUP_WORKER
+    return pair_check(cr.spec.warmup).reports_kv_path(role, group_role)
 
 
 def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
@@ -408,7 +409,7 @@ def build_kv_reporter_rbac(cr: HybridPDDeployment) -> list[Manifest]:
     none of them; it reads them into status.kvPath), and a Role that may patch only that Lease and create Events (the same
     report on the pod, for `kubectl describe pod`). None without the pair check. Listed before the workloads that
     use them, so a first deploy never meets "serviceaccount not found"."""
-    if not cr.spec.warmup.pair_checked:
+    if not pair_check(cr.spec.warmup).on:
         return []
     name, ns = cr.metadata.name, cr.metadata.namespace
     rn = kv_reporter_name(name)
