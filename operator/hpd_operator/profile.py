@@ -22,10 +22,10 @@ from typing import Final
 from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import kv_reporter_name, role_name
-from hpd_operator.api.paircheck import pair_check
+from hpd_operator.api.paircheck import PairCheck, pair_check
 from hpd_operator.modelinfo import disk_plan
 from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
-from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, Settings
+from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, RoleWriter
 from hpd_operator.validation import Validated
 from hpd_runtime import contract
 
@@ -41,7 +41,7 @@ KV_ROLES: Final[dict[contract.Role, str]] = {"prefill": "kv_producer", "decode":
 def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     """Each section writes its settings with their reasons; the sections run in the order status.profile lists
     the injections and land in env/args in the order the container gets them (HPD_POD_IP first)."""
-    s, rs = Settings(), valid.spec.role(role)
+    s, rs = RoleWriter(), valid.spec.role(role)
     side_channel = _side_channel_env(s, valid) + _host_ip_env(s, valid, role)
     layout = _layout_env(s, valid)
     gemm = _gemm_env(s, valid.spec.warmup)
@@ -54,8 +54,8 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     devices, caps = _fabric_pod(s, valid)
     _disk_pod(s, valid)
     _image_pod(s, valid)
-    env = side_channel + layout + _ucx_env(valid) + fabric + _runtime_env(valid, role) + chunk
-    env += _warmup_env(valid, role) + drain_env(valid) + gemm + _user_env(valid) + _pod_env(valid, role)
+    env = side_channel + layout + _ucx_env(s, valid) + fabric + _runtime_env(s, valid, role) + chunk
+    env += _warmup_env(s, valid, role) + drain_env(s, valid) + gemm + _user_env(valid) + _pod_env(s, valid, role)
     workers = worker_args(s, valid, role)
     return RoleProfile(
         role=role,
@@ -73,7 +73,7 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
 
 
 # --- env ----------------------------------------------------------------------------------------------------------
-def _side_channel_env(s: Settings, valid: Validated) -> list[EnvEntry]:
+def _side_channel_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
     row, port = valid.row, str(valid.spec.kv_transfer.side_channel_port)
     host_reason = "NIXL side channel binds and advertises this address: the pod IP (not 0.0.0.0, not localhost)"
     if row.side_channel_host_in_compile_key:
@@ -82,13 +82,13 @@ def _side_channel_env(s: Settings, valid: Validated) -> list[EnvEntry]:
             f"[{row.cite('side-channel-host-in-compile-key')}]"
         )
     return [
-        EnvEntry(name=contract.ENV_POD_IP, field_path="status.podIP"),
+        s.field(contract.ENV_POD_IP, "status.podIP", "the pod's IP, for the env entries that reference it"),
         s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, f"$({contract.ENV_POD_IP})", host_reason, shown="status.podIP"),
         s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, port, "NIXL side-channel base port from spec.kvTransfer"),
     ]
 
 
-def _host_ip_env(s: Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _host_ip_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """A replica that spans nodes: the address vLLM's ranks advertise to each other is the pod IP, unless spec.env
     names another (a second network for the ranks' traffic)."""
     if not valid.spec.role(role).multi_node or any(e.name == contract.ENV_VLLM_HOST_IP for e in valid.spec.env):
@@ -100,24 +100,29 @@ def _host_ip_env(s: Settings, valid: Validated, role: contract.Role) -> list[Env
     return [s.env(contract.ENV_VLLM_HOST_IP, f"$({contract.ENV_POD_IP})", why, shown="status.podIP")]
 
 
-def _layout_env(s: Settings, valid: Validated) -> list[EnvEntry]:
+def _layout_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
     if not valid.model.hybrid:
         return []
     why = f"NIXL asserts the DS conv-state layout for Mamba models [{valid.row.cite('ds-conv-state-layout')}]"
     return [s.env(contract.ENV_VLLM_SSM_CONV_STATE_LAYOUT, "DS", why)]
 
 
-def _ucx_env(valid: Validated) -> list[EnvEntry]:
+def _ucx_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
     ucx = valid.spec.kv_transfer.ucx
     if ucx is None:
         return []
-    return [EnvEntry(name=n, value=v) for n, v in (("UCX_TLS", ucx.tls), ("UCX_NET_DEVICES", ucx.net_devices)) if v]
+    pairs = (("UCX_TLS", ucx.tls, "tls"), ("UCX_NET_DEVICES", ucx.net_devices, "netDevices"))
+    return [
+        s.env(n, v, f"spec.kvTransfer.ucx.{f}: the transports and devices UCX moves KV over") for n, v, f in pairs if v
+    ]
 
 
-def _fabric_env(s: Settings, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _fabric_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """The KV path: UCX's GET zero-copy over CUDA IPC, and what decode's runtime reports the measured rate against."""
     kv = valid.spec.kv_transfer
-    env = [EnvEntry(name=contract.ENV_KV_FABRIC, value=kv.fabric)]
+    env = [
+        s.env(contract.ENV_KV_FABRIC, kv.fabric, "spec.kvTransfer.fabric: the path the measured KV rate is named for")
+    ]
     if not any(e.name == c.UCX_GET_ZCOPY_ENV for e in valid.spec.env):  # spec.env may say otherwise
         why = (
             "decode READs the KV; UCX offers CUDA IPC no GET zero-copy without NVLink that NVML reports and emulated "
@@ -127,11 +132,12 @@ def _fabric_env(s: Settings, valid: Validated, role: contract.Role) -> list[EnvE
         env.insert(0, s.env(c.UCX_GET_ZCOPY_ENV, "y", why))
     floor = kv.floor_gbps if kv.floor_gbps is not None else c.FABRIC_FLOOR_GBPS[kv.fabric]
     if role == "decode" and floor > 0:
-        env.append(EnvEntry(name=contract.ENV_KV_FLOOR_BYTES_PER_SECOND, value=str(round(floor * 1e9))))
+        why = f"decode reports its measured KV rate against {floor:g} GB/s (spec.kvTransfer.floorGbps or the fabric's)"
+        env.append(s.env(contract.ENV_KV_FLOOR_BYTES_PER_SECOND, str(round(floor * 1e9)), why))
     return env
 
 
-def _fabric_pod(s: Settings, valid: Validated) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+def _fabric_pod(s: RoleWriter, valid: Validated) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
     """Devices and capabilities of the declared fabric (rdma: the device plugin's resource, IPC_LOCK)."""
     rdma = valid.spec.kv_transfer.rdma
     if valid.spec.kv_transfer.fabric != "rdma" or rdma is None:
@@ -150,7 +156,7 @@ def _fabric_pod(s: Settings, valid: Validated) -> tuple[tuple[tuple[str, int], .
     return ((rdma.resource_name, rdma.count),), (c.RDMA_CAPABILITY,)
 
 
-def _disk_pod(s: Settings, valid: Validated) -> None:
+def _disk_pod(s: RoleWriter, valid: Validated) -> None:
     """Where the weights go and the node disk the pod may use (modelinfo.disk_plan; the builders write it)."""
     disk, src = disk_plan(valid.spec), valid.spec.model.source
     from_pvc = src is not None and src.pvc is not None
@@ -163,7 +169,7 @@ def _disk_pod(s: Settings, valid: Validated) -> None:
           "the emptyDirs on the node's disk (cache, /tmp, HOME): the scheduler picks a node with room for them")  # fmt: skip
 
 
-def _image_pod(s: Settings, valid: Validated) -> None:
+def _image_pod(s: RoleWriter, valid: Validated) -> None:
     """Whether the engine and router images are pinned by digest: a tag can move under a running CR, so the next pod
     (a reschedule, a new replica) may run other code than its peers. Unpinned is allowed, and named here."""
     spec = valid.spec
@@ -176,23 +182,25 @@ def _image_pod(s: Settings, valid: Validated) -> None:
             "`<image>@sha256:...` (spec or the chart's images.*)"))  # fmt: skip
 
 
-def _runtime_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _runtime_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """What the runtime (hpd_runtime.config) reads to launch vLLM and serve its probes."""
-    spec = valid.spec
+    spec, launch = valid.spec, "the runtime launches vLLM with it"
     env = [
-        EnvEntry(name=contract.ENV_ROLE, value=role),
-        EnvEntry(name=contract.ENV_MODEL, value=valid.model.path),
-        EnvEntry(name=contract.ENV_VLLM_VERSION, value=spec.vllm_version),
-        EnvEntry(name=contract.ENV_TENSOR_PARALLEL_SIZE, value=str(spec.role(role).tensor_parallel_size)),
-        EnvEntry(name=contract.ENV_VLLM_PORT, value=str(contract.VLLM_PORT)),
-        EnvEntry(name=contract.ENV_RUNTIME_PORT, value=str(contract.RUNTIME_PORT)),
-    ]
+        s.env(contract.ENV_ROLE, role, "the runtime's role: which warmup runs and which KV role vLLM takes"),
+        s.env(contract.ENV_MODEL, valid.model.path, "the model the runtime warms up and checks (--model)"),
+        s.env(contract.ENV_VLLM_VERSION, spec.vllm_version, "spec.vllmVersion: the runtime's version rules"),
+        s.env(contract.ENV_TENSOR_PARALLEL_SIZE, str(spec.role(role).tensor_parallel_size),
+              f"spec.{role}.tensorParallelSize: {launch}"),
+        s.env(contract.ENV_VLLM_PORT, str(contract.VLLM_PORT), f"vLLM's API port: {launch}, the probes ask it"),
+        s.env(contract.ENV_RUNTIME_PORT, str(contract.RUNTIME_PORT), "the runtime's /readyz, /livez and /metrics"),
+    ]  # fmt: skip
     if spec.model.max_model_len is not None:
-        env.append(EnvEntry(name=contract.ENV_MAX_MODEL_LEN, value=str(spec.model.max_model_len)))
+        why = "spec.model.maxModelLen: the longest warmup prompt fits it"
+        env.append(s.env(contract.ENV_MAX_MODEL_LEN, str(spec.model.max_model_len), why))
     return env
 
 
-def _chunk_env(s: Settings, valid: Validated) -> list[EnvEntry]:
+def _chunk_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
     chunk, row = valid.model.ssd_chunk_size, valid.row
     if chunk is None:
         return []
@@ -204,28 +212,41 @@ def _chunk_env(s: Settings, valid: Validated) -> list[EnvEntry]:
     return [s.env(contract.ENV_SSD_CHUNK_SIZE, str(chunk), why)]
 
 
-def _warmup_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _warmup_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     w, check = valid.spec.warmup, pair_check(valid.spec.warmup)
     env = [
-        EnvEntry(name=contract.ENV_WARMUP_ENABLED, value=str(w.enabled).lower()),
-        EnvEntry(name=contract.ENV_WARMUP_PROMPT_LENGTHS, value=",".join(map(str, w.prompt_lengths))),
-        EnvEntry(name=contract.ENV_WARMUP_CONCURRENCY, value=str(w.concurrency)),
-        EnvEntry(name=contract.ENV_WARMUP_TIMEOUT_SECONDS, value=str(w.timeout_seconds)),
-        EnvEntry(name=contract.ENV_WARMUP_PAIR_CHECK, value=str(check.runs_on(role)).lower()),
-    ]
+        s.env(contract.ENV_WARMUP_ENABLED, str(w.enabled).lower(),
+              "spec.warmup.enabled: the pod turns Ready only after its kernels are warm"),
+        s.env(contract.ENV_WARMUP_PROMPT_LENGTHS, ",".join(map(str, w.prompt_lengths)),
+              "spec.warmup.promptLengths (empty: derived from the SSD chunk size and max model len)"),
+        s.env(contract.ENV_WARMUP_CONCURRENCY, str(w.concurrency), "spec.warmup.concurrency"),
+        s.env(contract.ENV_WARMUP_TIMEOUT_SECONDS, str(w.timeout_seconds), "spec.warmup.timeoutSeconds"),
+        s.env(contract.ENV_WARMUP_PAIR_CHECK, str(check.runs_on(role)).lower(), _pair_check_reason(check, role)),
+    ]  # fmt: skip
     if role == "decode":
-        env.append(EnvEntry(name=contract.ENV_CANARY_SECONDS, value=str(check.canary_seconds)))
+        why = "spec.warmup.canarySeconds: " + check.canary + ("" if check.on else " (no pair check to re-prove)")
+        env.append(s.env(contract.ENV_CANARY_SECONDS, str(check.canary_seconds), why))
     if check.reports_kv_path(role):  # the pod the KV path report is about, and where it goes (hpd_runtime)
+        about = "the pod the KV path report is about"
         env += [
-            EnvEntry(name=contract.ENV_POD_NAME, field_path="metadata.name"),
-            EnvEntry(name=contract.ENV_POD_NAMESPACE, field_path="metadata.namespace"),
-            EnvEntry(name=contract.ENV_POD_UID, field_path="metadata.uid"),
-            EnvEntry(name=contract.ENV_KV_REPORT_LEASE, value=kv_reporter_name(valid.cr.metadata.name)),
-        ]
+            s.field(contract.ENV_POD_NAME, "metadata.name", about),
+            s.field(contract.ENV_POD_NAMESPACE, "metadata.namespace", about),
+            s.field(contract.ENV_POD_UID, "metadata.uid", about + " (its Lease annotation's key)"),
+            s.env(contract.ENV_KV_REPORT_LEASE, kv_reporter_name(valid.cr.metadata.name),
+                  "the Lease decode reports its measured KV path on (status.kvPath)"),
+        ]  # fmt: skip
     return env
 
 
-def _gemm_env(s: Settings, warmup: WarmupSpec) -> list[EnvEntry]:
+def _pair_check_reason(check: PairCheck, role: contract.Role) -> str:
+    if check.runs_on(role):
+        return "spec.warmup.pairCheck: decode turns Ready only after one real P->D round trip matches a local run"
+    if role == "decode":
+        return "spec.warmup.pairCheck or spec.warmup.enabled is off: P->D is not verified before traffic"
+    return "only decode runs the pair check"
+
+
+def _gemm_env(s: RoleWriter, warmup: WarmupSpec) -> list[EnvEntry]:
     seconds = gemm_warmup_seconds(warmup)
     if not seconds:
         return []
@@ -246,30 +267,24 @@ def _gemm_env(s: Settings, warmup: WarmupSpec) -> list[EnvEntry]:
 
 
 def _user_env(valid: Validated) -> list[EnvEntry]:
-    return [
-        EnvEntry(name=e.name, value_from=dict(e.value_from))
-        if e.value_from is not None
-        else EnvEntry(name=e.name, value=e.value or "")
-        for e in valid.spec.env
-    ]
+    return [RoleWriter.user_env(e.name, e.value, e.value_from) for e in valid.spec.env]
 
 
-def _pod_env(valid: Validated, role: contract.Role) -> list[EnvEntry]:
+def _pod_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """Where the pod belongs: its CR, its cache mount and (decode) the prefill Service the pair check asks."""
     name, ns = valid.cr.metadata.name, valid.cr.metadata.namespace
     env = [
-        EnvEntry(name=contract.ENV_INSTANCE, value=name),
-        EnvEntry(name=contract.ENV_CACHE_DIR, value=contract.CACHE_MOUNT),
+        s.env(contract.ENV_INSTANCE, name, "the CR the pod belongs to"),
+        s.env(contract.ENV_CACHE_DIR, contract.CACHE_MOUNT, "the compile and Triton caches, kept across restarts"),
     ]
     if role == "decode":
-        env.append(
-            EnvEntry(name=contract.ENV_PREFILL_SERVICE, value=role_name(name, "prefill") + (f".{ns}.svc" if ns else ""))
-        )
+        service = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
+        env.append(s.env(contract.ENV_PREFILL_SERVICE, service, "the prefill pods the pair check and canary ask"))
     return env
 
 
 # --- args ---------------------------------------------------------------------------------------------------------
-def _core_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _core_args(s: RoleWriter, valid: Validated, role: contract.Role) -> list[str]:
     spec, rs = valid.spec, valid.spec.role(role)
     args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(contract.VLLM_PORT)]
     args += ["--tensor-parallel-size", str(rs.tensor_parallel_size)]
@@ -290,7 +305,7 @@ def _core_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
     return args
 
 
-def _kv_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _kv_args(s: RoleWriter, valid: Validated, role: contract.Role) -> list[str]:
     row, policy = valid.row, valid.spec.kv_transfer.load_failure_policy
     kv: dict[str, str] = {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLES[role]}
     if policy != "fail":
@@ -300,7 +315,7 @@ def _kv_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
     return s.flag("--kv-transfer-config", json.dumps(kv, separators=(",", ":")), why)
 
 
-def _hybrid_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _hybrid_args(s: RoleWriter, valid: Validated, role: contract.Role) -> list[str]:
     if not valid.model.hybrid:
         return []
     row, tp = valid.row, valid.spec.role(role).tensor_parallel_size
@@ -325,7 +340,7 @@ def _hybrid_args(s: Settings, valid: Validated, role: contract.Role) -> list[str
     return args
 
 
-def _pair_check_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
+def _pair_check_args(s: RoleWriter, valid: Validated, role: contract.Role) -> list[str]:
     if not pair_check(valid.spec.warmup).runs_on(role):
         return []
     return s.flag(

@@ -1,11 +1,11 @@
 """How an engine process is launched and stopped (pure; part of the profile, hpd_operator.profile): the parallel
 layout of a replica (pipeline stages, vLLM's own multi-node launch for a replica that spans nodes, docs/multi-node.md)
 and the graceful stop (vLLM's --shutdown-timeout, the preStop drain's env and the grace period that fits them,
-docs/autoscaling.md "Scale-down that drains"). Each setting is written with its reason (profile_model.Settings)."""
+docs/autoscaling.md "Scale-down that drains"). Each setting is written with its reason (profile_model.RoleWriter)."""
 
 from __future__ import annotations
 
-from hpd_operator.profile_model import EnvEntry, Settings
+from hpd_operator.profile_model import EnvEntry, RoleWriter
 from hpd_operator.validation import Validated
 from hpd_runtime import contract
 
@@ -18,7 +18,7 @@ def drain_grace_seconds(drain_timeout_seconds: int) -> int:
     return contract.DRAIN_PROPAGATION_SECONDS_DEFAULT + 2 * drain_timeout_seconds + 10
 
 
-def shutdown_args(s: Settings, valid: Validated) -> list[str]:
+def shutdown_args(s: RoleWriter, valid: Validated) -> list[str]:
     seconds = valid.spec.drain_timeout_seconds
     if seconds == 0:
         return []
@@ -29,15 +29,17 @@ def shutdown_args(s: Settings, valid: Validated) -> list[str]:
     return s.flag("--shutdown-timeout", str(seconds), why)
 
 
-def drain_env(valid: Validated) -> list[EnvEntry]:
+def drain_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
     """What the preStop (`hpd_runtime drain`) reads."""
     return [
-        EnvEntry(name=contract.ENV_DRAIN_TIMEOUT_SECONDS, value=str(valid.spec.drain_timeout_seconds)),
-        EnvEntry(name=contract.ENV_DRAIN_PROPAGATION_SECONDS, value=str(contract.DRAIN_PROPAGATION_SECONDS_DEFAULT)),
-    ]
+        s.env(contract.ENV_DRAIN_TIMEOUT_SECONDS, str(valid.spec.drain_timeout_seconds),
+              "spec.drainTimeoutSeconds: how long the preStop lets in-flight requests finish"),
+        s.env(contract.ENV_DRAIN_PROPAGATION_SECONDS, str(contract.DRAIN_PROPAGATION_SECONDS_DEFAULT),
+              "how long the preStop waits for the endpoint and the router to stop sending the pod new requests"),
+    ]  # fmt: skip
 
 
-def parallel_args(s: Settings, valid: Validated, role: contract.Role) -> list[str]:
+def parallel_args(s: RoleWriter, valid: Validated, role: contract.Role) -> list[str]:
     """Pipeline stages, and vLLM's own multi-node launch for a replica that spans nodes (every pod of the group gets
     the same args; the kubelet fills in what LeaderWorkerSet's webhook put into the env: the node rank and the
     leader's address)."""
@@ -69,7 +71,7 @@ def parallel_args(s: Settings, valid: Validated, role: contract.Role) -> list[st
     )
 
 
-def worker_args(s: Settings, valid: Validated, role: contract.Role) -> tuple[str, ...]:
+def worker_args(s: RoleWriter, valid: Validated, role: contract.Role) -> tuple[str, ...]:
     if not valid.spec.role(role).multi_node:
         return ()
     why = (

@@ -107,18 +107,32 @@ class Profile(_Frozen):
         return ps.model_dump(by_alias=True, exclude_none=True)
 
 
-class Settings:
-    """One role's settings, each written with the reason status.profile shows for it, in one call: `env(...)`
-    returns the env entry, `flag(...)` the argv items, and both record the injection when given a reason.
-    status.profile lists the injections in the order of these calls."""
+class RoleWriter:
+    """One role's settings, each written with the reason status.profile shows for it, in one call: `env(...)` and
+    `field(...)` return the env entry, `flag(...)` the argv items, `pod(...)` records a pod-spec setting the builders
+    write; every one of the operator's env entries is written here, with its reason (the user's spec.env is passed
+    through as written: `user_env`). status.profile lists the injections in the order of these calls."""
 
     def __init__(self) -> None:
         self.injections: list[Injection] = []
 
-    def env(self, name: str, value: str, why: str | None = None, *, shown: str | None = None) -> EnvEntry:
+    def env(self, name: str, value: str, why: str, *, shown: str | None = None) -> EnvEntry:
         """A literal env entry; `shown`: the value status.profile names instead (the downward API's field)."""
         self._explain(name, value if shown is None else shown, why)
         return EnvEntry(name=name, value=value)
+
+    def field(self, name: str, field_path: str, why: str) -> EnvEntry:
+        """An env entry from the downward API (`status.podIP`, `metadata.uid`)."""
+        self._explain(name, field_path, why)
+        return EnvEntry(name=name, field_path=field_path)
+
+    @staticmethod
+    def user_env(name: str, value: str | None, value_from: dict[str, Any] | None) -> EnvEntry:
+        """An entry of the user's spec.env, as written (not an injection: status.profile lists what the operator
+        set)."""
+        if value_from is not None:
+            return EnvEntry(name=name, value_from=dict(value_from))
+        return EnvEntry(name=name, value=value or "")
 
     def flag(self, flag: str, value: str | None = None, why: str | None = None) -> list[str]:
         """`flag` (a switch) or `flag value`."""

@@ -452,6 +452,12 @@ def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool,
     st = compute_status(name="x", namespace="ns1", spec=cr.spec, observed={}, generation=1)
     path = next(c for c in st["conditions"] if c["type"] == "DataPathVerified")
     assert (path["reason"] == "PairCheckDisabled") is not on, path
+    shown = {
+        i["setting"]: i["value"] for i in compute_profile(validate(cr)).status()["injections"] if i["role"] == "decode"
+    }
+    assert shown[contract.ENV_WARMUP_PAIR_CHECK] == str(on).lower()  # status.profile says what the env says
+    assert shown[contract.ENV_CANARY_SECONDS] == str(canary if on else 0)
+    assert (contract.ENV_POD_UID in shown) is on
 
 
 def test_network_policies_admit_only_router_peers_and_prometheus() -> None:
