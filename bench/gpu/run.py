@@ -304,13 +304,22 @@ def unset_env(role: Role, name: str) -> str:
     return f"removed {name}" if role.env.pop(name, None) is not None else f"removed nothing ({name} was not set)"
 
 
-VARIANTS = "@no-block-size, @gemm-warmup, @no-gemm-warmup, @env+NAME=VALUE, @env-NAME"
+VARIANTS = "@no-block-size, @gemm-warmup, @no-gemm-warmup, @env+NAME=VALUE, @env-NAME, @kvx+KEY=VALUE (joined by @)"
 
 
 def apply_variant(roles: dict[str, Role], variant: str) -> dict[str, str]:
     """A plan item's `@variant` applied to every role; returns what it did per role (recorded as `experiment`)."""
     if not variant:
         return {}
+    if "@" in variant:  # several variants, applied in order: CR@env+A=1@kvx+num_threads=0
+        done: dict[str, str] = {}
+        for v in variant.split("@"):
+            for n, what in apply_variant(roles, v).items():
+                done[n] = f"{done[n]}; {what}" if n in done else what
+        return done
+    m = re.fullmatch(r"kvx\+([A-Za-z_][A-Za-z0-9_]*)=(.*)", variant)
+    if m:
+        return {n: set_extra_config(r, m.group(1), m.group(2)) for n, r in roles.items()}
     if variant == "no-block-size":
         return {n: f"--block-size removed: {drop_flag(r, '--block-size')}" for n, r in roles.items()}
     if variant == "gemm-warmup":
@@ -324,6 +333,17 @@ def apply_variant(roles: dict[str, Role], variant: str) -> dict[str, str]:
     if m:
         return {n: unset_env(r, m.group(1)) for n, r in roles.items()}
     raise SystemExit(f"unknown plan variant @{variant} (known: {VARIANTS})")
+
+
+def set_extra_config(role: Role, key: str, value: str) -> str:
+    """`kv_connector_extra_config[key] = value` in the role's --kv-transfer-config (an int where it reads as one):
+    what vLLM passes NIXL, e.g. num_threads (nixl/worker.py get_from_extra_config("num_threads", 4))."""
+    i = role.argv.index("--kv-transfer-config") + 1
+    cfg = json.loads(role.argv[i])
+    val: Any = int(value) if re.fullmatch(r"-?[0-9]+", value) else value
+    cfg.setdefault("kv_connector_extra_config", {})[key] = val
+    role.argv[i] = json.dumps(cfg, separators=(",", ":"))
+    return f"--kv-transfer-config {role.argv[i]}"
 
 
 def drop_flag(role: Role, flag: str) -> bool:
@@ -1292,6 +1312,347 @@ def decode_summary(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# --- issue #38: the decode restart with the operator's degraded mode; prefill's orphaned KV -------------------------
+FALLBACK_STEPS = ("fallback", "orphans")
+FALLBACK_CONCURRENCY = 2
+"""Senders in the fallback step (one request at a time each; two so a request is nearly always in flight)."""
+FOLLOW_PERIOD_S = 0.25
+"""How often the bench re-evaluates the operator's decision from each pod's /readyz (the kubelet probes every
+periodSeconds, the operator reconciles on the pod's change: the bench's switch is the decision's own latency)."""
+ORPHANS = 16
+ORPHAN_TOKENS = 3000
+ORPHAN_OBSERVE_S = 75.0
+"""How long the orphans step waits, at most, for prefill to release the blocks of requests no decode reads."""
+
+
+def gauge(sums: dict[str, float], name: str) -> float | None:
+    vals = [v for k, v in sums.items() if k.startswith(name)]
+    return round(sum(vals), 7) if vals else None
+
+
+class KvSampler:
+    """Prefill's KV usage and request gauges every second (vLLM 0.20: vllm:kv_cache_usage_perc, a fraction)."""
+
+    def __init__(self, prefill: Role, t0: float) -> None:
+        self.prefill, self.t0 = prefill, t0
+        self.samples: list[tuple[float, float | None, float | None, float | None]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            t = time.perf_counter()
+            s = prefill_state(self.prefill)
+
+            self.samples.append((round(t - self.t0, 2), gauge(s, "vllm:kv_cache_usage_perc"),
+                                 gauge(s, "vllm:num_requests_running"), gauge(s, "vllm:num_requests_waiting")))  # fmt: skip
+            self.stop.wait(max(0.0, 1.0 - (time.perf_counter() - t)))
+
+    def finish(self) -> list[tuple[float, float | None, float | None, float | None]]:
+        self.stop.set()
+        self.thread.join(5)
+        return self.samples
+
+
+def mirror_decide(ready: dict[str, bool]) -> str:
+    """Only if the operator cannot be imported on the device (recorded): fallback.choose's rule for one generation."""
+    for role, missing in (("prefill", "decode"), ("decode", "prefill")):
+        if ready.get(role) and not ready.get(missing):
+            return role
+    return "router"
+
+
+def make_decider(cr: str) -> tuple[Callable[[dict[str, bool]], str], str]:
+    try:
+        import degraded  # bench/gpu/degraded.py: the operator's own hpd_operator.builders.fallback.choose
+
+        d = degraded.Decider(cr)
+        return d.decide, d.source
+    except Exception as exc:
+        return mirror_decide, f"MIRROR (operator import failed: {type(exc).__name__}: {exc})"
+
+
+def released_at(samples: list[tuple[float, Any, Any, Any]], t_from: float, level: float) -> float | None:
+    """The first sample time after `t_from` at which prefill's KV usage is back at or below `level`."""
+    for t, usage, *_ in samples:
+        if t > t_from and usage is not None and usage <= level:
+            return t
+    return None
+
+
+def expired_lines(role: Role, since: int = 0) -> list[str]:
+    return [ln[:200] for ln in log_text(role, since).splitlines() if EXPIRED_KV in ln]
+
+
+def orphan_requests(b: Bench, n: int = ORPHANS) -> dict[str, Any]:
+    """What vllm-router sends prefill for a P->D request (kv_transfer_params do_remote_decode), with no decode ever
+    reading the blocks: the requests of a decode that died after the router chose it. Returns what prefill answered."""
+    p = b.roles["prefill"]
+    rng = random.Random(3838)
+    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+              "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+    answered, errors, blocks = 0, [], 0
+    for _ in range(n):
+        body = {**completion(b.served, prompt(rng, ORPHAN_TOKENS), 1), "kv_transfer_params": params}
+        try:
+            _, resp = post(vllm_url(p), body, timeout=60)
+            answered += 1
+            blocks += len(((resp.get("kv_transfer_params") or {}).get("remote_block_ids") or [[]])[0] or [])
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+    return {"sent": n, "tokens_each": ORPHAN_TOKENS, "answered": answered, "errors": errors,
+            "blocks_in_first_group": blocks}  # fmt: skip
+
+
+def orphans_step(b: Bench, sampler: KvSampler) -> dict[str, Any]:
+    """Prefill holds the KV of requests no decode reads (VLLM_NIXL_ABORT_REQUEST_TIMEOUT on 0.20): ORPHANS such
+    requests, then prefill's KV usage every second until it is back at its level before them (or ORPHAN_OBSERVE_S;
+    with the default 480 s the rest of the run keeps sampling: `held_at_least_s`)."""
+    p = b.roles["prefill"]
+    assert p.log is not None
+    offset = p.log.stat().st_size
+    time.sleep(1.5)
+    base = [u for t, u, *_ in sampler.samples[-2:] if u is not None]
+    level = max(base) if base else 0.0
+    t_sent = round(time.perf_counter() - sampler.t0, 2)
+    res: dict[str, Any] = {"abort_timeout_env": p.env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "unset (480 s)"),
+                           "usage_before": level, "t_sent": t_sent, **orphan_requests(b)}  # fmt: skip
+    res["t_answered"] = round(time.perf_counter() - sampler.t0, 2)
+    time.sleep(1.5)
+    res["usage_after"] = sampler.samples[-1][1] if sampler.samples else None
+    timeout = float(p.env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "480"))
+    # a timeout past the window: no wait here, the sampler runs on through the next steps up to the teardown
+    until = b.until(ORPHAN_OBSERVE_S) if timeout + 15 <= ORPHAN_OBSERVE_S else time.perf_counter()
+    while time.perf_counter() < until:
+        if released_at(sampler.samples, res["t_answered"], level + 1e-6) is not None:
+            break
+        time.sleep(1.0)
+    res["level"] = level
+    res["expired_lines"] = expired_lines(p, offset)[:5]
+    res["expired_count"] = len(expired_lines(p, offset))
+    return res
+
+
+def orphans_summary(res: dict[str, Any], samples: list[tuple[float, Any, Any, Any]]) -> dict[str, Any]:
+    t = released_at(samples, res["t_answered"], res["level"] + 1e-6)
+    last = samples[-1][0] if samples else res["t_answered"]
+    return {"usage_before": res["level"], "usage_after": res.get("usage_after"),
+            "released_s_after_answered": round(t - res["t_answered"], 1) if t is not None else None,
+            "held_at_least_s": None if t is not None else round(last - res["t_answered"], 1),
+            "expired_count": res.get("expired_count"), "abort_timeout_env": res["abort_timeout_env"]}  # fmt: skip
+
+
+def fallback_step(b: Bench, router: Router, sampler: KvSampler) -> dict[str, Any]:
+    """restart-decode (SIGTERM to decode's launcher, started again at once) with the traffic following the
+    operator's degraded-mode decision (make_decider): the router while both roles are Ready, prefill's vLLM directly
+    while decode is not Ready, the router again once decode is Ready (its pair check passed). Requests are tagged
+    with the phase they started in: before, down (SIGTERM until the switch), degraded (on prefill), after (the
+    router again). Decode's /readyz is what decides: a container restart leaves the pod in place (no
+    deletionTimestamp), so the kubelet's readiness probe is what the operator sees."""
+    p, d = b.roles["prefill"], b.roles["decode"]
+    decide, source = make_decider(b.cr)
+    refs_d, refs_p = references(b.served, d), references(b.served, p)
+    res: dict[str, Any] = {"decision": source, "concurrency": FALLBACK_CONCURRENCY,
+                           "prefill_colocated_equals_decode_colocated":
+                               [answer(r)[0] for _, r in refs_p] == [answer(r)[0] for _, r in refs_d]}  # fmt: skip
+    traffic = Traffic(b.served, workers=FALLBACK_CONCURRENCY)
+    traffic.t0 = sampler.t0
+    traffic.watch(p)
+    traffic.watch(d)
+    targets = {"router": (router.url, refs_d), "prefill": (vllm_url(p), refs_p), "decode": (vllm_url(d), refs_d)}
+    traffic.route("router", *targets["router"])
+    switches: list[dict[str, Any]] = []
+    state = {"current": "router", "down": False}
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.is_set():
+            ready = {"prefill": get(readyz_url(p), 1.0)[0] == 200, "decode": get(readyz_url(d), 1.0)[0] == 200}
+            want = decide(ready)
+            if want != state["current"]:
+                traffic.route(want, *targets[want])
+                if want == "router" and state["down"]:
+                    traffic.set_phase("after", FALLBACK_CONCURRENCY)
+                elif want != "router":
+                    traffic.set_phase("degraded", FALLBACK_CONCURRENCY)
+                switches.append({"t": traffic.now(), "to": want, "ready": ready})
+                state["current"] = want
+            stop.wait(FOLLOW_PERIOD_S)
+
+    follower = threading.Thread(target=follow, daemon=True)
+    traffic.start()
+    traffic.set_phase("before", FALLBACK_CONCURRENCY)
+    follower.start()
+    try:
+        time.sleep(BEFORE_S * 2)
+        res["prefill_before"] = prefill_state(p)
+        traffic.set_phase("down", FALLBACK_CONCURRENCY)
+        state["down"] = True
+        res["t_sigterm"] = traffic.now()
+        t = time.perf_counter()
+        res["exit_code"] = stop_role(d, b.grace())
+        res["exit_s"], res["t_gone"] = round(time.perf_counter() - t, 1), traffic.now()
+        res["prefill_while_down"] = prefill_state(p)
+        start_role(d, b.out, f"{b.cr}-decode-restarted", b.base_env)
+        wait_ready({d.name: d}, b.until(BOOT_TIMEOUT_S))
+        res["t_decode_ready"], res["times"] = traffic.now(), role_times(d)
+        t_back = time.perf_counter()
+        while state["current"] != "router" and time.perf_counter() - t_back < 10:
+            time.sleep(0.05)
+        time.sleep(b.after_s)
+    finally:
+        stop.set()
+        follower.join(5)
+        res["traffic"] = traffic.finish()
+    res["switches"] = switches
+    res["prefill_after"] = prefill_state(p)
+    res["pair_checks"] = pair_checks(d)
+    res["decode_log"] = log_scan(d, 0)
+    return res
+
+
+def fallback_summary(res: dict[str, Any]) -> dict[str, Any]:
+    by = res["traffic"]["by_phase"]
+    first_readyz_fail = next((t for t, s, _ in res["traffic"]["readyz"].get("decode", [])
+                              if s != 200 and t >= res.get("t_sigterm", 0)), None)  # fmt: skip
+    sw = res.get("switches", [])
+    to_p = next((s["t"] for s in sw if s["to"] != "router"), None)
+    back = next((s["t"] for s in sw if s["to"] == "router" and to_p is not None and s["t"] > to_p), None)
+    failed = {ph: (s["outcomes"].get("error", 0), s["requests"]) for ph, s in by.items()}
+    return {"decision": res["decision"], "failed_of_requests_by_phase": failed,
+            "outcomes_by_phase": {ph: s["outcomes"] for ph, s in by.items()},
+            "t_sigterm": res.get("t_sigterm"), "t_decode_readyz_failed": first_readyz_fail,
+            "t_switch_to_prefill": to_p, "switch_after_sigterm_s": round(to_p - res["t_sigterm"], 2) if to_p else None,
+            "t_decode_gone": res.get("t_gone"), "exit_s": res.get("exit_s"), "t_decode_ready": res.get("t_decode_ready"),
+            "t_switch_back": back,
+            "switch_back_after_decode_ready_s": round(back - res["t_decode_ready"], 2) if back and res.get("t_decode_ready") else None,
+            "pair_checks_ok": [c.get("ok") for c in res.get("pair_checks", [])]}  # fmt: skip
+
+
+# --- issue #43: the rate under load, time to first token, the random-length sweep (8B geometry) ---------------------
+EXTRA_STEPS = ("load", "ttft", "sweep")
+LOAD_LEVELS = (1, 4)
+LOAD_STEP_S = 15.0
+LOAD_PROMPT_TOKENS = 4000
+LOAD_OUT_TOKENS = 2
+TTFT_LENGTHS = (2000, 4000, 8000)
+TTFT_STEADY = 3
+SWEEP_N = 40
+SWEEP_SEED = 4343
+SWEEP_STEADY = 2
+
+
+def decode_nixl(d: Role) -> dict[str, float]:
+    status, body = get(vllm_url(d, "/metrics"), 5.0)
+    return nixl_metric_sums(body) if status == 200 else {}
+
+
+def load_sender(
+    b: Bench, router: Router, seed: int, *, stop: threading.Event, lock: threading.Lock, lat: list[float],
+    errors: list[str],
+) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    while not stop.is_set():
+        try:
+            dt, _ = post(router.url, completion(b.served, prompt(rng, LOAD_PROMPT_TOKENS), LOAD_OUT_TOKENS), 60)
+            with lock:
+                lat.append(dt)
+        except Exception as exc:
+            with lock:
+                errors.append(f"{type(exc).__name__}: {exc}"[:160])
+            stop.wait(0.2)
+
+
+def load_step(b: Bench, router: Router) -> dict[str, Any]:
+    """P->D through the router at each of LOAD_LEVELS concurrent senders for LOAD_STEP_S, LOAD_PROMPT_TOKENS-token
+    prompts (distinct, no prefix caching), LOAD_OUT_TOKENS out: decode's own NIXL figures over each level (the
+    transfers between two scrapes of its /metrics) and the requests' latency."""
+    d = b.roles["decode"]
+    out: dict[str, Any] = {"prompt_tokens": LOAD_PROMPT_TOKENS, "max_tokens": LOAD_OUT_TOKENS, "seconds": LOAD_STEP_S}
+    for c in LOAD_LEVELS:
+        if time.perf_counter() + LOAD_STEP_S + 20 > b.deadline:
+            out[f"c{c}"] = {"skipped": "deadline"}
+            continue
+        lat: list[float] = []
+        errors: list[str] = []
+        stop = threading.Event()
+        lock = threading.Lock()
+        before = decode_nixl(d)
+        t = time.perf_counter()
+        threads = [threading.Thread(target=load_sender, args=(b, router, 1000 * c + i),
+                                    kwargs={"stop": stop, "lock": lock, "lat": lat, "errors": errors}, daemon=True) for i in range(c)]  # fmt: skip
+        for th in threads:
+            th.start()
+        time.sleep(LOAD_STEP_S)
+        stop.set()
+        for th in threads:
+            th.join(60)
+        wall = time.perf_counter() - t
+        after = decode_nixl(d)
+        fig = nixl_delta(before, after)
+        moved = after.get("vllm:nixl_bytes_transferred_sum", 0.0) - before.get("vllm:nixl_bytes_transferred_sum", 0.0)
+        lat.sort()
+        out[f"c{c}"] = {"nixl": fig, "aggregate_gbps_over_wall": round(moved / wall / 1e9, 4), "wall_s": round(wall, 2),
+                        "requests": len(lat), "errors": len(errors), "error_samples": errors[:3],
+                        "latency_s": {"p50": percentile(lat, 50), "p90": percentile(lat, 90), "p99": percentile(lat, 99),
+                                      "max": lat[-1]} if lat else None}  # fmt: skip
+    c1, c4 = (out.get("c1") or {}).get("nixl", {}), (out.get("c4") or {}).get("nixl", {})
+    if c1.get("gbps") and c4.get("gbps"):
+        out["c4_of_c1"] = round(c4["gbps"] / c1["gbps"], 3)
+    return out
+
+
+def timed(url: str, model: str, ids: list[int]) -> float:
+    return round(post(url, completion(model, ids, 1), timeout=120)[0], 4)
+
+
+def ttft_step(b: Bench, router: Router) -> dict[str, Any]:
+    """Time to first token (a 1-token request: prefill, the transfer and decode's first step) P->D through the router
+    against colocated on decode, at TTFT_LENGTHS: the first request at the length and the median of TTFT_STEADY more
+    (fresh prompts: prefix caching is off in P/D)."""
+    rng = random.Random(2468)
+    out: dict[str, Any] = {"steady_samples": TTFT_STEADY}
+    for n in TTFT_LENGTHS:
+        row: dict[str, Any] = {}
+        for path, url in (("pd", router.url), ("colocated", vllm_url(b.roles["decode"]))):
+            xs = [timed(url, b.served, prompt(rng, n)) for _ in range(1 + TTFT_STEADY)]
+            row[path] = {"first_s": xs[0], "steady_median_s": statistics.median(xs[1:]), "all_s": xs}
+        row["pd_over_colocated_steady"] = round(row["pd"]["steady_median_s"] / row["colocated"]["steady_median_s"], 3)
+        row["pd_over_colocated_first"] = round(row["pd"]["first_s"] / row["colocated"]["first_s"], 3)
+        out[str(n)] = row
+    return out
+
+
+def sweep_step(b: Bench, router: Router, max_len: int) -> dict[str, Any]:
+    """SWEEP_N prompt lengths drawn at random (seed SWEEP_SEED) over 16..max_len, each the first request of its
+    length through the router and colocated on decode, then SWEEP_STEADY more each: first / median steady."""
+    rng = random.Random(SWEEP_SEED)
+    lengths = sorted(rng.sample(range(16, max_len + 1), SWEEP_N))
+    order = lengths[:]
+    rng.shuffle(order)
+    rows: list[dict[str, Any]] = []
+    for n in order:
+        if time.perf_counter() + 15 > b.deadline:
+            break
+        row: dict[str, Any] = {"tokens": n}
+        for path, url in (("pd", router.url), ("colocated", vllm_url(b.roles["decode"]))):
+            try:
+                xs = [timed(url, b.served, prompt(rng, n)) for _ in range(1 + SWEEP_STEADY)]
+                row[path] = {"first_s": xs[0], "steady_s": xs[1:],
+                             "first_over_steady": round(xs[0] / statistics.median(xs[1:]), 3)}  # fmt: skip
+            except Exception as exc:
+                row[path] = {"error": f"{type(exc).__name__}: {exc}"[:160]}
+        rows.append(row)
+    flagged = [{"tokens": r["tokens"], "path": k, "first_over_steady": r[k]["first_over_steady"],
+                "first_s": r[k]["first_s"]}
+               for r in rows for k in ("pd", "colocated") if r.get(k, {}).get("first_over_steady", 0) > 1.2]  # fmt: skip
+    return {"seed": SWEEP_SEED, "range": [16, max_len], "lengths": lengths, "done": len(rows), "rows": rows,
+            "over_1_2x": flagged,
+            "max_first_over_steady": {k: max((r[k]["first_over_steady"] for r in rows if "first_over_steady" in r.get(k, {})),
+                                             default=None) for k in ("pd", "colocated")}}  # fmt: skip
+
+
 def stop_roles(roles: dict[str, Role], grace: float) -> dict[str, int | None]:
     """Every role at once (stop_role each, in threads): the teardown waits for the slowest, not their sum."""
     codes: dict[str, int | None] = {}
@@ -1374,6 +1735,7 @@ def run_step(
         key += "+again"
     report["runs"][key] = res
     router: Router | None = None
+    sampler: KvSampler | None = None
     t_begin = time.monotonic()
     try:
         start_role(roles["prefill"], out, cr, base_env)
@@ -1414,6 +1776,20 @@ def run_step(
                                                       for n, t in after.items()}  # fmt: skip
             res["gemm_warmup_log"] = {n: [ln.strip() for ln in t.splitlines() if GEMM_WARMUP_LINE in ln][-4:]
                                       for n, t in whole.items()}  # fmt: skip
+            if "load" in steps:
+                res["load"] = load_step(bench, router)
+            if "ttft" in steps:
+                res["ttft"] = ttft_step(bench, router)
+            if "sweep" in steps:
+                mml = int(roles["decode"].argv[roles["decode"].argv.index("--max-model-len") + 1])
+                res["sweep"] = sweep_step(bench, router, mml - 8)
+            if "orphans" in steps or "fallback" in steps:
+                sampler = KvSampler(roles["prefill"], time.perf_counter())
+                if "orphans" in steps:
+                    res["orphans"] = orphans_step(bench, sampler)
+                if "fallback" in steps:
+                    res["fallback"] = fallback_step(bench, router, sampler)
+                    res["fallback_summary"] = fallback_summary(res["fallback"])
             if decode_steps:  # no fresh-router measurement: the decode steps' traffic starts on this router
                 res["decode_steps"] = decode_lifecycle(bench, decode_steps, router)
             else:
@@ -1428,6 +1804,12 @@ def run_step(
     except Exception as exc:  # a failed step is reported; the next one still runs
         res["error"] = f"{type(exc).__name__}: {exc}"
     finally:
+        if sampler is not None:  # prefill's KV usage sampled every second up to the teardown
+            res["prefill_kv_samples"] = {"columns": ["t_s", "kv_cache_usage", "running", "waiting"],
+                                         "samples": sampler.finish()}  # fmt: skip
+            if "orphans" in res:
+                res["orphans_summary"] = orphans_summary(res["orphans"], sampler.samples)
+            res["prefill_expired_kv_lines"] = expired_lines(roles["prefill"])[:20]
         try:  # before the roles stop: decode's /metrics is still up (the replacement's, after replace-decode)
             res["kv_transfer"] = kv_transfer_figures(roles.get("decode-new") or roles["decode"])
         except Exception as exc:
