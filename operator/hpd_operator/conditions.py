@@ -5,6 +5,7 @@ Events the operator posts, metrics and the tests). `tests/unit/test_status.py` c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -138,3 +139,26 @@ class Failure:
 
     reason: Reason
     message: str
+
+
+MAX_MESSAGE = 4000
+"""Condition messages are cut here (the CRD allows 32768; an apiserver error can quote a whole object)."""
+
+
+def condition(ctype: ConditionType, ok: bool | None, reason: Reason, message: str) -> dict[str, str]:
+    """One status condition (camelCase; the times are stamped by the status)."""
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    return {"type": str(ctype), "status": status, "reason": str(reason), "message": clip(message)}
+
+
+def problem_text(problems: Sequence[tuple[Reason, str]]) -> str:
+    return "; ".join(f"{r}: {m}" for r, m in problems)
+
+
+def truth(status: str) -> bool | None:
+    """A condition's status string as a bool (None: Unknown)."""
+    return None if status == "Unknown" else status == "True"
+
+
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

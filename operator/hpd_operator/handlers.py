@@ -77,15 +77,10 @@ from hpd_operator.conditions import Failure, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
 from hpd_operator.profile_model import Profile
+from hpd_operator.rolestate import next_pod_check
+from hpd_operator.rollout import generation_answering, generation_desired, generation_ready
 from hpd_operator.scaling import Bounds, autoscaled_roles, autoscaler_status, compute_bounds, start_replicas
-from hpd_operator.status import (
-    compute_status,
-    generation_answering,
-    generation_desired,
-    generation_ready,
-    next_pod_check,
-    transitions,
-)
+from hpd_operator.status import Observation, compute_status, transitions
 from hpd_operator.validation import validate
 from hpd_operator.workqueue import ShutDown, WorkQueue
 from hpd_runtime import contract
@@ -801,24 +796,26 @@ def write_report(run: Run) -> dict[str, Any]:
     previous = _REPORTED.get(run.uid) or stored.get("conditions") or []
     previous_rollout = _REPORTED_ROLLOUT.get(run.uid) or stored.get("rollout")
     status = compute_status(
-        autoscalers=autoscaler_report(run),
-        name=run.name,
-        namespace=run.namespace,
-        spec=run.cr.spec if run.cr is not None and run.profile is not None else None,
-        observed=run.observed,
-        pods=run.pods,
-        nodes=run.nodes,
-        generation=md.get("generation"),
-        profile=run.profile,
-        failure=run.failure,
-        notes=run.notes,
-        previous=previous,
-        now=report.now(),
-        role_details=run.role_details,
-        not_scheduled_after=settings.current().not_scheduled_seconds,
-        rollout=run.rollout,
-        kv_path=kv_path_report(run),
-        fallback=(run.fallback.reason, run.fallback.message, run.fallback.serving) if run.fallback else None,
+        Observation(
+            autoscalers=autoscaler_report(run),
+            name=run.name,
+            namespace=run.namespace,
+            spec=run.cr.spec if run.cr is not None and run.profile is not None else None,
+            observed=run.observed,
+            pods=run.pods,
+            nodes=run.nodes,
+            generation=md.get("generation"),
+            profile=run.profile,
+            failure=run.failure,
+            notes=run.notes,
+            previous=previous,
+            now=report.now(),
+            role_details=run.role_details,
+            not_scheduled_after=settings.current().not_scheduled_seconds,
+            rollout=run.rollout,
+            kv_path=kv_path_report(run),
+            fallback=(run.fallback.reason, run.fallback.message, run.fallback.serving) if run.fallback else None,
+        )
     )
     new_generation = stored.get("observedGeneration") != md.get("generation")
     try:

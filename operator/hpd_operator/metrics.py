@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hpd_operator.conditions import Phase, Reason
-from hpd_operator.status import parse_time
+from hpd_operator.rolestate import parse_time
 from hpd_runtime import contract
 
 CONTROLLER = "hybridpddeployment"

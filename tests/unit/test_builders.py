@@ -429,7 +429,7 @@ def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool,
     identity and token, its --enable-prompt-tokens-details, the kv-reporter objects and status' DataPathVerified all
     follow that one decision, and prefill never runs it (a CR with warmup off used to render
     HPD_WARMUP_PAIR_CHECK=true and the canary without the token)."""
-    from hpd_operator.status import compute_status
+    from hpd_operator.status import Observation, compute_status
 
     doc = seed_doc()
     doc["spec"]["warmup"] = {"enabled": enabled, "pairCheck": pair_check, "canarySeconds": canary}
@@ -449,7 +449,7 @@ def test_every_warmup_combination_renders_one_pair_check_decision(enabled: bool,
     assert pe[contract.ENV_WARMUP_PAIR_CHECK] == "false" and contract.ENV_CANARY_SECONDS not in pe
     assert prefill["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     cr = cr_from(doc)
-    st = compute_status(name="x", namespace="ns1", spec=cr.spec, observed={}, generation=1)
+    st = compute_status(Observation(name="x", namespace="ns1", spec=cr.spec, observed={}, generation=1))
     path = next(c for c in st["conditions"] if c["type"] == "DataPathVerified")
     assert (path["reason"] == "PairCheckDisabled") is not on, path
     shown = {

@@ -459,7 +459,7 @@ def test_a_draining_generations_autoscaler_is_pruned_at_the_switch_while_its_eng
 
 
 def test_an_autoscaling_roles_desired_count_is_what_its_deployment_runs() -> None:
-    from hpd_operator.status import generation_desired
+    from hpd_operator.rollout import generation_desired
 
     s = cr_from(autoscaling_doc()).spec
     g = LiveGeneration("n3wn3w00", 2, deployments={"prefill": deployment("prefill", "n3wn3w00", 2, replicas=3),

@@ -17,7 +17,9 @@ from hpd_operator.errors import SpecError
 from hpd_operator.generations import Plan, RolloutView, kept, observe, plan_rollout
 from hpd_operator.profile import compute_profile
 from hpd_operator.report import observe_deployments
-from hpd_operator.status import compute_status, generation_desired, generation_ready, role_state
+from hpd_operator.rolestate import role_state
+from hpd_operator.rollout import generation_desired, generation_ready
+from hpd_operator.status import Observation, compute_status
 from hpd_operator.validation import validate
 from hpd_runtime import contract as c
 
@@ -246,8 +248,8 @@ def test_status_counts_groups_and_says_so() -> None:
     spec = HybridPDDeploymentSpec.model_validate(
         {"model": ATTENTION, "decode": {"tensorParallelSize": 16, "replicas": 2}}
     )
-    status = compute_status(name=NAME, namespace=NS, spec=spec, observed={"decode": lws_obj(2, 2)},
-                            pods={"decode": pods}, generation=1)  # fmt: skip
+    status = compute_status(Observation(name=NAME, namespace=NS, spec=spec, observed={"decode": lws_obj(2, 2)},
+                            pods={"decode": pods}, generation=1))  # fmt: skip
     assert status["decode"]["readyReplicas"] == 2 and status["decode"]["summary"] == "2/2"
     cond = next(x for x in status["conditions"] if x["type"] == "DecodeReady")
     assert cond["status"] == "True" and "2/2 decode replicas (groups of 2 pods) ready" in cond["message"]
@@ -261,7 +263,7 @@ def test_a_group_counts_ready_only_while_its_leader_pod_is() -> None:
 
 def test_a_missing_leaderworkerset_is_named_as_such() -> None:
     spec = HybridPDDeploymentSpec.model_validate({"model": ATTENTION, "decode": {"tensorParallelSize": 16}})
-    status = compute_status(name=NAME, namespace=NS, spec=spec, observed={}, generation=1)
+    status = compute_status(Observation(name=NAME, namespace=NS, spec=spec, observed={}, generation=1))
     cond = next(x for x in status["conditions"] if x["type"] == "DecodeReady")
     assert cond["message"] == "the decode LeaderWorkerSet does not exist yet"
 
@@ -271,7 +273,7 @@ def test_leaderworkerset_missing_is_a_failure_with_the_install_hint() -> None:
 
     spec = HybridPDDeploymentSpec.model_validate({"model": ATTENTION, "decode": {"tensorParallelSize": 16}})
     failure = Failure(Reason.LWS_MISSING, MISSING.format(every=10))
-    status = compute_status(name=NAME, namespace=NS, spec=spec, observed={}, generation=1, failure=failure)
+    status = compute_status(Observation(name=NAME, namespace=NS, spec=spec, observed={}, generation=1, failure=failure))
     ready = next(x for x in status["conditions"] if x["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "LeaderWorkerSetMissing") and status["phase"] == "Failed"
     assert ready["message"].startswith("LeaderWorkerSet is not installed; install lws v0.9.0")
@@ -439,7 +441,7 @@ def test_status_rollout_counts_the_new_generations_groups() -> None:
     children, pods = old_children + new_children, old_pods + new_pods
     plan = plan_for(spans, children, pods)
     view = RolloutView(observe(children, pods, UID), plan)
-    st = compute_status(name=NAME, namespace=NS, spec=spans.spec, observed={}, generation=2, rollout=view)
+    st = compute_status(Observation(name=NAME, namespace=NS, spec=spans.spec, observed={}, generation=2, rollout=view))
     [new] = [g for g in st["rollout"]["generations"] if g["hash"] == want(spans)]
     assert (new["state"], new["decode"]) == ("Starting", "1/2")  # groups: 4 of its 8 pods are Ready
     msg = next(x for x in st["conditions"] if x["type"] == "DecodeReady")["message"]

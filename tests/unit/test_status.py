@@ -13,11 +13,12 @@ from hpd_operator.api.models import (
     HybridPDDeploymentSpec,
     HybridPDDeploymentStatus,
 )
-from hpd_operator.conditions import FAILURE_REASONS, ConditionType, Failure, Phase, Reason
+from hpd_operator.conditions import FAILURE_REASONS, MAX_MESSAGE, ConditionType, Failure, Phase, Reason
 from hpd_operator.errors import SpecError
 from hpd_operator.profile import compute_profile
 from hpd_operator.profile_model import Profile
-from hpd_operator.status import MAX_MESSAGE, NOT_SCHEDULED_AFTER, compute_status, next_pod_check, transitions
+from hpd_operator.rolestate import NOT_SCHEDULED_AFTER, next_pod_check
+from hpd_operator.status import Observation, compute_status, transitions
 from hpd_operator.validation import validate
 
 SEED = Path(__file__).resolve().parents[2] / "examples" / "nemotron-3-nano.yaml"
@@ -50,7 +51,7 @@ def dep(
 
 
 def status(s: HybridPDDeploymentSpec, observed: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    return compute_status(name="x", namespace="ns", spec=s, observed=observed, generation=3, **kw)
+    return compute_status(Observation(name="x", namespace="ns", spec=s, observed=observed, generation=3, **kw))
 
 
 def conds(st: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -141,7 +142,16 @@ def test_scaled_to_zero_is_not_ready() -> None:
 
 def test_invalid_spec_reports_the_field_and_keeps_counts() -> None:
     err = SpecError.one("spec.prefill.tensorParallelSize", "tp", "bad TP")
-    st = compute_status(name="x", namespace="ns", spec=None, observed=ALL_READY, generation=4, error=err)
+    st = compute_status(
+        Observation(
+            name="x",
+            namespace="ns",
+            spec=None,
+            observed=ALL_READY,
+            generation=4,
+            failure=Failure(Reason.INVALID_SPEC, err.message),
+        )
+    )
     c = conds(st)
     assert c["Ready"]["reason"] == "InvalidSpec" and "spec.prefill.tensorParallelSize" in c["Ready"]["message"]
     assert c["HybridProfileApplied"]["status"] == "False" and st["phase"] == "Failed"
@@ -264,7 +274,16 @@ def _every_status() -> list[dict[str, Any]]:
         status(s, ALL_READY, pods={"decode": [pod("d", node="x")]}, nodes=set()),
         status(spec(decode={"replicas": 0, "tensorParallelSize": 2}), {**ALL_READY, "decode": dep(0, 0)}),
         status(spec(warmup={"enabled": False}), ALL_READY, notes=["n"]),
-        compute_status(name="x", namespace="ns", spec=None, observed={}, generation=None, error=err),
+        compute_status(
+            Observation(
+                name="x",
+                namespace="ns",
+                spec=None,
+                observed={},
+                generation=None,
+                failure=Failure(Reason.INVALID_SPEC, err.message),
+            )
+        ),
     ]
     out += [status(s, ALL_READY, failure=Failure(r, "m")) for r in FAILURE_REASONS]
     return out
