@@ -95,25 +95,23 @@ def run(ns: argparse.Namespace) -> int:
 
     from hpd_operator import settings as s
 
-    s.configure(
-        s.OperatorConfig(
-            namespaces=tuple(ns.namespace),
-            metrics_port=ns.metrics_port,
-            liveness_port=ns.liveness_port,
-            resync_seconds=ns.resync_seconds,
-            workers=ns.workers,
-            recheck_seconds=ns.recheck_seconds,
-            not_scheduled_seconds=ns.not_scheduled_seconds,
-            vllm_image=ns.vllm_image,
-            vllm_image_digests=tuple(ns.vllm_image_digest),
-            router_image=ns.router_image,
-            pod_monitor_labels=tuple(ns.pod_monitor_label),
-        )
+    cfg = s.OperatorConfig(
+        namespaces=tuple(ns.namespace),
+        metrics_port=ns.metrics_port,
+        liveness_port=ns.liveness_port,
+        resync_seconds=ns.resync_seconds,
+        workers=ns.workers,
+        recheck_seconds=ns.recheck_seconds,
+        not_scheduled_seconds=ns.not_scheduled_seconds,
+        vllm_image=ns.vllm_image,
+        vllm_image_digests=tuple(ns.vllm_image_digest),
+        router_image=ns.router_image,
+        pod_monitor_labels=tuple(ns.pod_monitor_label),
     )
-    from hpd_operator import handlers  # registers the CR's handlers
+    from hpd_operator import handlers
 
     kopf.configure(verbose=ns.verbose)
-    handlers.setup()  # the client, and the child/pod/node watches
+    ctl = handlers.setup(cfg)  # the client, the one Controller, and every handler on it
     if ns.metrics_port:
         start_http_server(ns.metrics_port)
     kopf.run(
@@ -125,7 +123,7 @@ def run(ns: argparse.Namespace) -> int:
     from hpd_operator import leaderworkerset
 
     # stopped itself to watch a kind installed after its start (LeaderWorkerSet): its Deployment restarts it
-    return leaderworkerset.EXIT_RESTART if leaderworkerset.restart_requested() else 0
+    return leaderworkerset.EXIT_RESTART if ctl.lws.restart_requested else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@
   PodMonitors) and watches LeaderWorkerSets only then.
 - A CR that needs one while it is not served gets `Ready=False, reason=LeaderWorkerSetMissing` with what to install,
   and nothing is applied for it (not its one-pod role, not its router: nothing half-built; what it already had is
-  left as it is). The CR is looked at again every settings.recheck_seconds (no event announces an install).
+  left as it is). The CR is looked at again every recheck_seconds (`--recheck-seconds`) (no event announces an install).
 - Each look asks discovery again, at most once per recheck_seconds for all such CRs together (one GET of
   /apis/leaderworkerset.x-k8s.io/v1). Once LeaderWorkerSet is served, the operator stops itself with exit status
   EXIT_RESTART so that its Deployment restarts it watching LeaderWorkerSets: kopf starts its watches at startup only
@@ -23,7 +23,6 @@ from typing import Final
 from kubernetes import client
 
 from hpd_operator import apply as k8s
-from hpd_operator import settings
 from hpd_operator.conditions import Failure, Reason
 
 API_VERSION: Final = "leaderworkerset.x-k8s.io/v1"
@@ -40,44 +39,51 @@ MISSING: Final = (
 )
 log = logging.getLogger("hpd_operator")
 
-_LOCK = threading.Lock()
-_STATE: dict[str, float | bool] = {"checked": float("-inf"), "served": False, "restarting": False}
 
+class Discovery:
+    """Whether LeaderWorkerSet is served, asked again at most once per `recheck_seconds` for all CRs together, and
+    whether the operator stopped itself to watch it (one per operator process: handlers.Controller owns it)."""
 
-def served_now(api: client.ApiClient) -> bool:
-    """Discovery again, at most once per recheck_seconds (all CRs share the answer)."""
-    with _LOCK:
-        if bool(_STATE["served"]) or time.monotonic() - float(_STATE["checked"]) < settings.current().recheck_seconds:
-            return bool(_STATE["served"])
-        _STATE["checked"] = time.monotonic()
-    served = k8s.api_available(api, API_VERSION, KIND)
-    with _LOCK:
-        _STATE["served"] = served
-    return served
+    def __init__(self, recheck_seconds: float) -> None:
+        self.recheck_seconds = recheck_seconds
+        self._lock = threading.Lock()
+        self._checked = float("-inf")
+        self._served = False
+        self._restarting = False
 
+    def served_now(self, api: client.ApiClient) -> bool:
+        """Discovery again, at most once per recheck_seconds (all CRs share the answer)."""
+        with self._lock:
+            if self._served or time.monotonic() - self._checked < self.recheck_seconds:
+                return self._served
+            self._checked = time.monotonic()
+        served = k8s.api_available(api, API_VERSION, KIND)
+        with self._lock:
+            self._served = served
+        return served
 
-def missing(api: client.ApiClient) -> Failure:
-    """The failure of a CR that needs a LeaderWorkerSet the operator does not watch; stops the operator (once) when
-    LeaderWorkerSet turns out to be served now."""
-    if not served_now(api):
-        return Failure(Reason.LWS_MISSING, MISSING.format(every=settings.current().recheck_seconds))
-    restart("LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) is served now")
-    return Failure(
-        Reason.LWS_MISSING,
-        "LeaderWorkerSet is installed now; the operator restarts to watch LeaderWorkerSets, then builds this "
-        "HybridPDDeployment",
-    )
+    def missing(self, api: client.ApiClient) -> Failure:
+        """The failure of a CR that needs a LeaderWorkerSet the operator does not watch; stops the operator (once)
+        when LeaderWorkerSet turns out to be served now."""
+        if not self.served_now(api):
+            return Failure(Reason.LWS_MISSING, MISSING.format(every=self.recheck_seconds))
+        self.restart("LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) is served now")
+        return Failure(
+            Reason.LWS_MISSING,
+            "LeaderWorkerSet is installed now; the operator restarts to watch LeaderWorkerSets, then builds this "
+            "HybridPDDeployment",
+        )
 
+    def restart(self, why: str) -> None:
+        """Stop the operator gracefully (kopf handles SIGTERM); `python -m hpd_operator run` then exits
+        EXIT_RESTART."""
+        with self._lock:
+            if self._restarting:
+                return
+            self._restarting = True
+        log.warning(f"{why}: stopping, to be restarted watching it (exit status {EXIT_RESTART})")
+        os.kill(os.getpid(), signal.SIGTERM)
 
-def restart(why: str) -> None:
-    """Stop the operator gracefully (kopf handles SIGTERM); `python -m hpd_operator run` then exits EXIT_RESTART."""
-    with _LOCK:
-        if _STATE["restarting"]:
-            return
-        _STATE["restarting"] = True
-    log.warning(f"{why}: stopping, to be restarted watching it (exit status {EXIT_RESTART})")
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def restart_requested() -> bool:
-    return bool(_STATE["restarting"])
+    @property
+    def restart_requested(self) -> bool:
+        return self._restarting

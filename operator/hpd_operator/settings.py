@@ -65,18 +65,6 @@ class OperatorConfig:
     """Labels on every CR's PodMonitors (the chart's podMonitors.labels, e.g. release: kube-prometheus-stack)."""
 
 
-_CURRENT: list[OperatorConfig] = [OperatorConfig()]
-
-
-def configure(cfg: OperatorConfig) -> None:
-    """Set once by `run` before the operator starts."""
-    _CURRENT[0] = cfg
-
-
-def current() -> OperatorConfig:
-    return _CURRENT[0]
-
-
 class NoDiffBase(kopf.DiffBaseStorage):
     """No "last-handled" essence: kopf builds one (a deep copy of the body) on every watch event for its
     on.create/update/field handlers; the operator has none (index and event handlers only), so nothing is built,

@@ -187,7 +187,7 @@ def test_liveness_fails_when_a_reconcile_worker_died_and_never_on_the_apiserver(
     import kopf
     import pytest
 
-    from hpd_operator import handlers
+    from hpd_operator.workers import workers_alive
 
     done = threading.Thread(target=lambda: None, name="reconcile-1")
     done.start()
@@ -195,17 +195,13 @@ def test_liveness_fails_when_a_reconcile_worker_died_and_never_on_the_apiserver(
     alive = threading.Event()
     running = threading.Thread(target=alive.wait, name="reconcile-0")
     running.start()
-    saved = handlers._STATE.get("workers")
     try:
-        handlers._STATE["workers"] = [running]
-        assert handlers.workers_alive() == 1  # no apiserver call: liveness does not depend on it
-        handlers._STATE["workers"] = [running, done]
+        assert workers_alive([running]) == 1  # no apiserver call: liveness does not depend on it
         with pytest.raises(kopf.PermanentError, match="reconcile-1"):
-            handlers.workers_alive()
+            workers_alive([running, done])
     finally:
         alive.set()
         running.join()
-        handlers._STATE["workers"] = saved
 
 
 def test_env_entries_another_manager_added_to_our_containers_are_deleted_and_only_those() -> None:
