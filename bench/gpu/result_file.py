@@ -1,0 +1,93 @@
+"""A bench/results file from one run.py lane's result.json (gpu-burst.sh brings it back): the setup the results
+schema asks for (tests/unit/test_bench_results.py), the burst command, the request counts of the steps that send
+requests (fallback, orphans, load, ttft, sweep, cold's checks), and the runs with their command lines.
+
+    python3 bench/gpu/result_file.py RESULT_JSON OUT_JSON --command "..." --model "..." --mode eager --note "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+COUNTED = (
+    "the requests of the fallback, orphans, load, ttft and sweep steps and cold's P->D vs colocated check (warmup, "
+    "pair-check and reference requests excluded); failed = an HTTP error or no answer"
+)
+
+
+def counts(run: dict[str, Any]) -> tuple[int, int]:
+    """(sent, failed) of the requests this run's result records one by one or counts."""
+    sent = failed = 0
+    fb = run.get("fallback") or {}
+    for r in (fb.get("traffic") or {}).get("requests", []):
+        sent += 1
+        failed += r.get("outcome") == "error"
+    o = run.get("orphans") or {}
+    sent += o.get("sent", 0)
+    failed += len(o.get("errors", []))
+    for key, lvl in (run.get("load") or {}).items():
+        if key.startswith("c") and isinstance(lvl, dict) and "requests" in lvl:
+            sent += lvl["requests"] + lvl["errors"]
+            failed += lvl["errors"]
+    for row in (run.get("ttft") or {}).values():
+        if isinstance(row, dict):
+            sent += sum(len(row[p]["all_s"]) for p in ("pd", "colocated") if p in row)
+    for row in (run.get("sweep") or {}).get("rows", []):
+        for p in ("pd", "colocated"):
+            if "first_s" in row.get(p, {}):
+                sent += 1 + len(row[p]["steady_s"])
+            elif p in row:
+                sent += 1
+                failed += 1
+    pc = run.get("pd_vs_colocated") or {}
+    sent += 2 * int(pc.get("prompts") or 0)
+    return sent, failed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("result", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--command", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", required=True, choices=("eager", "compile"))
+    ap.add_argument("--note", default="")
+    ap.add_argument("--device-call", default="")
+    a = ap.parse_args()
+    rep = json.loads(a.result.read_text())
+    topo = rep.get("topology") or {}
+    sent = failed = 0
+    for run in rep["runs"].values():
+        s, f = counts(run)
+        sent, failed = sent + s, failed + f
+    out = {
+        "date": rep.get("date"),
+        "command": a.command,
+        "run_py_command": rep.get("command"),
+        "setup": {
+            "machine": "nvidia-h200: 1x H200",
+            "model": a.model,
+            "vllm_version": "0.20.0",
+            "mode": a.mode,
+            "gpus_per_role": {"prefill": [0], "decode": [0]},
+            "roles_share_gpu": True,
+            "roles_share_pid_namespace": topo.get("roles_share_pid_namespace"),
+            "topology": topo,
+        },
+        "requests": {"sent": sent, "answered": sent - failed, "failed": failed, "counted": COUNTED},
+        "note": a.note,
+        "device_call": a.device_call,
+        "gpu": rep.get("gpu"),
+        "host_substitutions": rep.get("host_substitutions"),
+        "runs": rep["runs"],
+    }
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(a.out, "requests", out["requests"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
