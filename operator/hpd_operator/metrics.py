@@ -140,14 +140,17 @@ class _PerCR:
     """Degraded mode: the role the endpoint serves on (status.serving `colocated on <role>`); None: the router."""
 
 
-_per_cr: dict[tuple[str, str], _PerCR] = {}
-_per_cr_lock = threading.Lock()
-
-
 class _PerCRCollector(Collector):
+    """The per-CR series: one record per CR, replaced by each status computation (record_status), dropped with the
+    CR (forget); a prometheus_client collector in its process-wide registry, like the metrics above."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.records: dict[tuple[str, str], _PerCR] = {}
+
     def collect(self) -> Iterator[Metric]:
-        with _per_cr_lock:
-            records = list(_per_cr.items())
+        with self.lock:
+            records = list(self.records.items())
         by_phase = GaugeMetricFamily(*_CRS_BY_PHASE, labels=["phase"])
         counts = collections.Counter(r.phase for _, r in records)
         for p in PHASES:
@@ -177,7 +180,8 @@ class _PerCRCollector(Collector):
         yield from (by_phase, phase, desired, ready, took, at_max, ratio, colocated)
 
 
-REGISTRY.register(_PerCRCollector())
+PER_CR = _PerCRCollector()
+REGISTRY.register(PER_CR)
 
 # controller-runtime's work queue metrics (pkg/metrics/workqueue.go), label `name` = the queue (the controller).
 _QUEUE_BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
@@ -275,11 +279,11 @@ def record_status(namespace: str, name: str, status: Mapping[str, Any], created:
         scalers=scaler_records(status),
         colocated_on=colocated_on(status),
     )
-    with _per_cr_lock:
-        old = _per_cr.get((namespace, name))
+    with PER_CR.lock:
+        old = PER_CR.records.get((namespace, name))
         if record.time_to_ready is None and old is not None:  # the latest Ready transition's figure stays
             record = dataclasses.replace(record, time_to_ready=old.time_to_ready)
-        _per_cr[(namespace, name)] = record
+        PER_CR.records[(namespace, name)] = record
 
 
 def colocated_on(status: Mapping[str, Any]) -> str | None:
@@ -311,8 +315,8 @@ def scaler_records(status: Mapping[str, Any]) -> tuple[tuple[str, bool, tuple[tu
 
 def forget(namespace: str, name: str) -> None:
     """Drop every per-CR series of a deleted CR."""
-    with _per_cr_lock:
-        _per_cr.pop((namespace, name), None)
+    with PER_CR.lock:
+        PER_CR.records.pop((namespace, name), None)
 
 
 def _initialize() -> None:
