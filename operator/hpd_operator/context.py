@@ -34,6 +34,8 @@ class Run:
     body: Mapping[str, Any]
     cr: HybridPDDeployment | None = None
     profile: Profile | None = None
+    templates: dict[str, Any] = field(default_factory=dict)
+    """The engine templates of the spec's generation (builders.engine_templates): its hash and its workloads."""
     desired: list[Manifest] = field(default_factory=list)
     bounds: dict[str, Bounds] = field(default_factory=dict)
     """Each autoscaling role's HPA min/max (scaling.compute_bounds, from what runs)."""

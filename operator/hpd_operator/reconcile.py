@@ -20,7 +20,7 @@ from hpd_operator import apply as k8s
 from hpd_operator import drift, generations, metrics, report
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.parse import parse_cr
-from hpd_operator.builders import build_all, generation_hash, group_roles
+from hpd_operator.builders import build_all, engine_templates, generation_hash, group_roles
 from hpd_operator.builders.fallback import Fallback
 from hpd_operator.builders.fallback import choose as choose_fallback
 from hpd_operator.cache import CRKey, plain
@@ -66,7 +66,8 @@ def plan(run: Run) -> generations.Plan:
     """The rollout plan from what the cache holds: the spec's generation (its engine templates' hash), whether each
     running generation is Ready, the highest number the status recorded (generations.plan_rollout)."""
     assert run.cr is not None and run.profile is not None
-    want = generation_hash(run.cr, run.profile)
+    run.templates = engine_templates(run.cr, run.profile)  # built once: hashed here, applied by `build`
+    want = generation_hash(run.cr, run.profile, run.templates)
     live = generations.observe(
         run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
     )
@@ -89,7 +90,9 @@ def build(run: Run) -> None:
         run.plan = plan(run)
         scale(run, run.plan)
         run.fallback = degraded_mode(run, run.plan)
-        desired = build_all(run.cr, run.profile, run.plan, run.bounds, run.start, fallback=run.fallback)
+        desired = build_all(
+            run.cr, run.profile, run.plan, run.bounds, run.start, fallback=run.fallback, templates=run.templates
+        )
     except Exception as e:  # the schema let through something a builder cannot use: say where to look
         free = free_form_fields(run.cr)
         hint = f" (set free-form fields, taken as written: {', '.join(free)})" if free else ""

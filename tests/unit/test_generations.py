@@ -466,3 +466,25 @@ def test_an_autoscaling_roles_desired_count_is_what_its_deployment_runs() -> Non
                                                    "decode": deployment("decode", "n3wn3w00", 2, replicas=4)})  # fmt: skip
     assert generation_desired(s, g, "n3wn3w00") == {"prefill": 3, "decode": 4}  # not spec.<role>.replicas (1)
     assert generation_desired(s, None, "n3wn3w00") == {"prefill": 1, "decode": 1}
+
+
+def test_the_generation_hash_is_taken_over_the_templates_that_are_applied() -> None:
+    """One reconcile builds the engine templates once: the plan hashes them and build_all builds the workloads from
+    those very objects (no second build that could differ from what was hashed)."""
+    from hpd_operator.builders import engine_templates
+    from hpd_operator.generations import hash_templates
+    from hpd_operator.profile import compute_profile
+    from hpd_operator.validation import validate
+
+    cr = cr_from(seed_doc())
+    prof = compute_profile(validate(cr))
+    templates = engine_templates(cr, prof)
+    marked = copy.deepcopy(templates)
+    marked["decode"]["metadata"]["annotations"] = {"test.hybridpd.io/marker": "hashed"}
+    assert generation_hash(cr, prof, marked) == hash_templates(marked) != generation_hash(cr, prof)
+    objs = build_all(cr, prof, templates=marked)
+    decode = next(
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"].get(contract.LABEL_ROLE) == "decode"
+    )
+    assert decode["spec"]["template"]["metadata"]["annotations"] == {"test.hybridpd.io/marker": "hashed"}
+    assert decode["metadata"]["labels"][contract.LABEL_GENERATION] == hash_templates(marked)

@@ -7,6 +7,7 @@ Owner references are added by the handler (they need the live object's uid), nev
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.builders.autoscaling import build_autoscalers
@@ -17,6 +18,7 @@ from hpd_operator.builders.engine import (
     build_engine_service,
     build_kv_reporter_rbac,
     engine_replicas,
+    engine_templates,
     generation_hash,
 )
 from hpd_operator.builders.fallback import Fallback, build_fallback_network_policy
@@ -34,7 +36,7 @@ from hpd_operator.profile_model import Profile
 from hpd_operator.scaling import Bounds
 from hpd_runtime import contract
 
-__all__ = ["Manifest", "build_all", "generation_hash", "group_roles"]
+__all__ = ["Manifest", "build_all", "engine_templates", "generation_hash", "group_roles"]
 
 
 def group_roles(cr: HybridPDDeployment) -> frozenset[str]:
@@ -50,6 +52,7 @@ def build_all(
     start: Mapping[str, int] | None = None,
     *,
     fallback: Fallback | None = None,
+    templates: Mapping[str, Any] | None = None,
 ) -> list[Manifest]:
     """Every object the operator applies for `cr`, in apply order (RBAC before the router that uses it): the engines
     of the generation the spec asks for, and the router routing to `plan.route` (hpd_operator.generations). Without
@@ -62,8 +65,12 @@ def build_all(
     (a LeaderWorkerSet) never autoscales (validation refuses it), so its replicas are always the spec's.
 
     `fallback`: degraded mode (hpd_operator.builders.fallback): the endpoint Service selects the role that is left
-    of `plan.route`, and `<cr>-fallback` opens vLLM's port of those pods as the router's is."""
-    plan = plan or fresh_plan(generation_hash(cr, profile), group_roles(cr))
+    of `plan.route`, and `<cr>-fallback` opens vLLM's port of those pods as the router's is.
+
+    `templates`: the engine templates of the spec's generation (engine_templates), when the caller already built them
+    to hash them (the reconcile's plan): the workloads are built from the very templates the hash was taken over."""
+    templates = templates if templates is not None else engine_templates(cr, profile)
+    plan = plan or fresh_plan(generation_hash(cr, profile, templates), group_roles(cr))
     serving = not plan.rolling
     # ServiceAccounts and RBAC first: apply walks this list in order, and a workload created before its
     # ServiceAccount fails its first pods ("serviceaccount not found") until the ReplicaSet controller retries.
@@ -71,10 +78,10 @@ def build_all(
     for role in contract.ROLES:
         out.append(build_engine_service(cr, role, plan.desired))
         if cr.spec.role(role).multi_node:
-            out.append(build_engine_group(cr, profile, role, plan.desired))
+            out.append(build_engine_group(cr, templates[role], role, plan.desired))
         else:
             replicas = engine_replicas(cr, role, serving, (start or {}).get(role))
-            out.append(build_engine_deployment(cr, profile, role, plan.desired, replicas))
+            out.append(build_engine_deployment(cr, templates[role], role, plan.desired, replicas))
         pdb = build_engine_pdb(cr, role, plan.desired)
         if pdb is not None:
             out.append(pdb)

@@ -7,6 +7,7 @@ its own generation's prefill Service."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -147,22 +148,26 @@ def engine_group_templates(cr: HybridPDDeployment, profile: Profile, role: contr
     }
 
 
-def generation_hash(cr: HybridPDDeployment, profile: Profile) -> str:
-    """The id of the generation the spec asks for: a hash of both roles' pod templates (replicas, the router,
-    monitoring and network policy are not in them); of a role whose replica spans nodes, its group size and leader
-    and worker templates (so a one-pod role hashes as it did before multi-node roles, and a shape change is a new
-    generation)."""
-    return hash_templates(
-        {
-            role: engine_group_templates(cr, profile, role)
-            if profile.role(role).multi_node
-            else engine_pod_template(cr, profile, role)
-            for role in contract.ROLES
-        }
-    )
+def engine_templates(cr: HybridPDDeployment, profile: Profile) -> dict[str, Any]:
+    """What the spec's generation is made of, built once per reconcile: per role its pod template, or for a role
+    whose replica spans nodes its group size and leader and worker templates (engine_group_templates). The
+    generation's hash is taken over exactly these (generation_hash), and its workloads are built from them."""
+    return {
+        role: engine_group_templates(cr, profile, role)
+        if profile.role(role).multi_node
+        else engine_pod_template(cr, profile, role)
+        for role in contract.ROLES
+    }
 
 
-def in_generation(template: dict[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
+def generation_hash(cr: HybridPDDeployment, profile: Profile, templates: Mapping[str, Any] | None = None) -> str:
+    """The id of the generation the spec asks for: a hash of both roles' templates (engine_templates; replicas, the
+    router, monitoring and network policy are not in them), so a one-pod role hashes as it did before multi-node
+    roles, and a shape change is a new generation. `templates`: the ones already built for this reconcile."""
+    return hash_templates(templates if templates is not None else engine_templates(cr, profile))
+
+
+def in_generation(template: Mapping[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
     """The template of one generation: its labels on the pods, and decode's HPD_PREFILL_SERVICE (the profile names the
     role's Service without a generation) pointed at this generation's prefill Service, so the pair check and the
     re-checks after Ready only ever see prefill pods of the same generation."""
@@ -201,10 +206,11 @@ def engine_replicas(cr: HybridPDDeployment, role: contract.Role, serving: bool, 
 
 
 def build_engine_deployment(
-    cr: HybridPDDeployment, profile: Profile, role: contract.Role, gen: Generation, replicas: int | None
+    cr: HybridPDDeployment, template: Mapping[str, Any], role: contract.Role, gen: Generation, replicas: int | None
 ) -> Manifest:
-    """The role's Deployment of one generation; `replicas` None leaves the field out (an autoscaling role: its HPA
-    owns it, so no apply of the operator ever resets what the autoscaler chose)."""
+    """The role's Deployment of one generation from its pod template (engine_templates); `replicas` None leaves the
+    field out (an autoscaling role: its HPA owns it, so no apply of the operator ever resets what the autoscaler
+    chose)."""
     name = cr.metadata.name
     return {
         "apiVersion": "apps/v1",
@@ -217,7 +223,7 @@ def build_engine_deployment(
             # matters for a pod replaced in place. GPUs are the scarce resource: never surge, one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "progressDeadlineSeconds": progress_deadline_seconds(cr),
-            "template": in_generation(engine_pod_template(cr, profile, role), cr, gen),
+            "template": in_generation(template, cr, gen),
         },
     }
 

@@ -27,14 +27,14 @@ LWS_LEADER_ADDRESS first in each container's env, so the kubelet expands them in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import group_name
 from hpd_operator.builders.common import Manifest
-from hpd_operator.builders.engine import engine_group_templates, generation_metadata, in_generation
+from hpd_operator.builders.engine import generation_metadata, in_generation
 from hpd_operator.generations import GROUP_KIND, Generation
-from hpd_operator.profile_model import Profile
 from hpd_runtime import contract
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -44,10 +44,11 @@ STARTUP_POLICY = "LeaderCreated"
 SUBDOMAIN_POLICY = "UniquePerReplica"
 
 
-def build_engine_group(cr: HybridPDDeployment, profile: Profile, role: contract.Role, gen: Generation) -> Manifest:
-    """The LeaderWorkerSet of `role` in generation `gen`."""
+def build_engine_group(
+    cr: HybridPDDeployment, shape: Mapping[str, Any], role: contract.Role, gen: Generation
+) -> Manifest:
+    """The LeaderWorkerSet of `role` in generation `gen`, from the role's group shape (engine_templates)."""
     name, rs = cr.metadata.name, cr.spec.role(role)
-    shape = engine_group_templates(cr, profile, role)
     template: dict[str, Any] = {
         "size": shape["size"],
         "restartPolicy": RESTART_POLICY,
