@@ -1,8 +1,12 @@
-"""Shared fixtures. The local control plane is started once per test session (and stopped at its end)."""
+"""Shared fixtures. The local control plane is started once per test session (and stopped at its end): under
+pytest-xdist once per worker (each worker is its own session and process, so its cluster is `pytest-<its pid>`, on
+ports of its own, with its own state directory)."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +32,59 @@ def devcluster() -> Iterator[object]:
             pytest.fail(f"HPD_TEST_CLUSTER={name} is not running: python -m hpd_devcluster --name {name} up")
         yield state
         return
-    with cluster.running(f"pytest-{os.getpid()}") as state:
+    name = f"pytest-{os.getpid()}"
+    t0 = time.monotonic()
+    state = cluster.up(name)
+    up_s = time.monotonic() - t0
+    try:
         yield state
+    finally:
+        t1 = time.monotonic()
+        cluster.down(name)
+        _record_timing(name, up_s, time.monotonic() - t1)
+
+
+def _record_timing(name: str, up_s: float, down_s: float) -> None:
+    """The control plane's start and stop times, one JSON line per session (per xdist worker) appended to the file
+    $HPD_TEST_TIMINGS names, when it is set (bench/results' test-time tables are made from it)."""
+    path = os.environ.get("HPD_TEST_TIMINGS")
+    if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        line = {"cluster": name, "worker": worker, "up_s": round(up_s, 2), "down_s": round(down_s, 2)}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+REAL_NODE_GROUP = "real-node"
+"""The xdist group of every tests/cluster/test_real_node*.py test: the real node's kubelet, containerd and CNI bridge
+are one per machine (realnode.py), so those tests all run in one worker, one after another."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (hack/test.sh), which tests must share a worker:
+
+    - the real-node tests (one real node per machine): the group `real-node`;
+    - a module with a module-scoped fixture (a built image, a started LeaderWorkerSet controller, a Prometheus):
+      its tests stay together, so the fixture is made once and not once per worker that got one of its tests.
+
+    Every other test goes to whichever worker is free (tests only share their worker's control plane, each in a
+    fresh namespace). An explicit xdist_group mark in a test file wins."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.path
+        if path.parent.name == "cluster" and path.name.startswith("test_real_node"):
+            item.add_marker(pytest.mark.xdist_group(REAL_NODE_GROUP))
+        elif _has_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(f"module:{path.relative_to(REPO)}"))
+
+
+def _has_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "package", "class") for defs in info.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,21 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from hpd_devcluster.testing import wait_for
+from hpd_devcluster.testing import describing, wait_for
 
-from .kube import CRD, REPO, RESYNC, G, P, free_port, kubectl
+from .kube import CRD, REPO, RESYNC, G, P, free_port, kubectl, snapshot
+
+
+@pytest.fixture(autouse=True)
+def _namespace_on_timeout(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that has a `namespace`: every wait of it that times out (hpd_devcluster.testing.wait_for, kube.hold)
+    also prints that namespace as it was then (CRs' conditions, Deployments, pods, Events)."""
+    if "namespace" not in request.fixturenames:
+        yield
+        return
+    ns, api = request.getfixturevalue("namespace"), request.getfixturevalue("api_client")
+    with describing(lambda: snapshot(api, ns)):
+        yield
 
 
 @pytest.fixture(scope="session")

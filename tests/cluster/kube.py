@@ -6,14 +6,16 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
-from hpd_devcluster.testing import wait_for
+from hpd_devcluster.testing import _DESCRIBERS, seen, wait_for
 from hpd_runtime import contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,11 +161,17 @@ def wait_cr(
 ) -> dict[str, Any]:
     """Poll the CR until `pred(cr)`; returns that CR."""
 
+    last: list[dict[str, Any]] = []
+
     def check() -> dict[str, Any] | None:
         cr = get_cr(api, ns, name)
+        last[:] = [cr]
         return cr if pred(cr) else None
 
-    return wait_for(check, timeout, what=what)
+    def show() -> str:
+        return f"{name}'s last status: {cr_status(last[0]) if last else '(never read)'}"
+
+    return wait_for(check, timeout, what=what, show=show)
 
 
 def wait_ready(api: client.ApiClient, ns: str, name: str, want: str = "True", timeout: float = T) -> dict[str, Any]:
@@ -181,5 +189,56 @@ def hold(check: Callable[[], bool], seconds: float, what: str, interval: float =
     """A negative claim held over time: `check()` must stay true for `seconds` (several resync rounds)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        assert check(), f"{what}: no longer true"
+        assert check(), "\n".join([f"{what}: no longer true", *(seen(d) for d in _DESCRIBERS)])
         time.sleep(interval)
+
+
+def operator_metrics(port: int, **labels: str | Collection[str]) -> dict[str, float]:
+    """The operator's own /metrics on 127.0.0.1:`port`, summed by sample name, over the samples whose labels match
+    `labels` (each a value, or a collection of values any of which matches; a sample without the label does not)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    want = {k: {v} if isinstance(v, str) else set(v) for k, v in labels.items()}
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if all(s.labels.get(k) in vs for k, vs in want.items()):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+# --- what a timed-out wait prints (hpd_devcluster.testing.describing; pushed per test by tests/cluster/conftest.py) --
+def cr_status(cr: dict[str, Any]) -> str:
+    st = cr.get("status") or {}
+    conds = "; ".join(
+        f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {str(c.get('message', ''))[:300]}"
+        for c in st.get("conditions") or []
+    )
+    return (
+        f"generation {cr['metadata'].get('generation')} observedGeneration {st.get('observedGeneration')} "
+        f"phase {st.get('phase')} rollout {st.get('rollout')} conditions [{conds}]"
+    )
+
+
+def snapshot(api: client.ApiClient, ns: str) -> str:
+    """The namespace as a failed wait should show it: each CR's status, each workload's rollout counts, each pod's
+    phase/node/readiness and the Events (newest last), one line each."""
+    lines = [f"--- namespace {ns} at the deadline ---"]
+    for cr in client.CustomObjectsApi(api).list_namespaced_custom_object(G, V, ns, P).get("items", []):
+        lines.append(f"{contract.KIND} {cr['metadata']['name']}: {cr_status(cr)}")
+    for d in client.AppsV1Api(api).list_namespaced_deployment(ns).items:
+        st = d.status
+        lines.append(
+            f"Deployment {d.metadata.name}: spec.replicas {d.spec.replicas} generation {d.metadata.generation} "
+            f"observed {st.observed_generation} replicas {st.replicas} updated {st.updated_replicas} "
+            f"ready {st.ready_replicas} available {st.available_replicas}"
+        )
+    for pod in client.CoreV1Api(api).list_namespaced_pod(ns).items:
+        ready = [c.status for c in pod.status.conditions or [] if c.type == "Ready"]
+        gone = " deleting" if pod.metadata.deletion_timestamp else ""
+        lines.append(f"Pod {pod.metadata.name}: {pod.status.phase}{gone} node {pod.spec.node_name} Ready {ready}")
+    evs = client.CoreV1Api(api).list_namespaced_event(ns).items
+    evs.sort(key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
+    for e in evs[-40:]:
+        obj = e.involved_object
+        lines.append(f"Event {e.type} {e.reason} x{e.count or 1} {obj.kind}/{obj.name}: {(e.message or '')[:300]}")
+    return "\n".join(lines)

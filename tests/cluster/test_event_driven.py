@@ -40,6 +40,7 @@ from .kube import (
     expected,
     get_cr,
     kubectl,
+    operator_metrics,
     patch_spec,
     seed,
     serving,
@@ -284,14 +285,7 @@ def ns_events(api: client.ApiClient, ns: str) -> dict[str, tuple[int, str]]:
 
 def op_metrics(op: Operator) -> dict[str, float]:
     """The operator's own /metrics, summed by sample name (label values dropped)."""
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
-    return out
+    return operator_metrics(op.metrics_port)
 
 
 def test_no_finalizer_and_no_annotation_on_the_cr(

@@ -10,7 +10,6 @@ Runs in file order: the first test needs LWS absent (it installs it itself), the
 
 from __future__ import annotations
 
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,14 +17,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from hpd_devcluster import cluster, lws, versions
 from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
 from .conftest import Operator
-from .kube import T, arg, children, cond, create, get_cr, hold, patch_spec, serving, wait_cr
+from .kube import T, arg, children, cond, create, get_cr, hold, operator_metrics, patch_spec, serving, wait_cr
 
 pytestmark = pytest.mark.cluster
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
@@ -195,13 +193,7 @@ def test_a_decode_of_16_gpus_on_8_gpu_nodes_is_one_group_of_2_pods_per_replica_w
 
 def lws_applies(op: Operator) -> float:
     """LeaderWorkerSet applies the operator counted (hpd_operator_objects_applied_total, every action)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
-    return sum(
-        s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "hpd_operator_objects_applied_total" and s.labels.get("kind") == "LeaderWorkerSet"
-    )
+    return operator_metrics(op.metrics_port, kind="LeaderWorkerSet").get("hpd_operator_objects_applied_total", 0.0)
 
 
 def decode_state(c: dict[str, Any], want: int) -> bool:

@@ -22,13 +22,12 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
 from .conftest import Operator
-from .kube import T, create, get_cr, patch_spec, seed, wait_cr, wait_ready
+from .kube import T, create, get_cr, operator_metrics, patch_spec, seed, wait_cr, wait_ready
 
 WINDOW = 60.0
 """Seconds over which writes are counted, after the backoff reached its cap."""
@@ -40,15 +39,7 @@ WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 
 def writes_total(op: Operator) -> float:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
-    return sum(
-        s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "hpd_operator_api_requests_total" and s.labels.get("method") in WRITES
-    )
+    return operator_metrics(op.metrics_port, method=WRITES).get("hpd_operator_api_requests_total", 0.0)
 
 
 @pytest.fixture()
