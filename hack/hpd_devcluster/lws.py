@@ -43,7 +43,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from hpd_devcluster import build, cluster, pki, versions
+from hpd_devcluster import build, pki, versions
+from hpd_devcluster.state import CHILDREN, ClusterError, ClusterState, alive, api, free_ports, ssl_context, url_ok
 
 MODULE = "sigs.k8s.io/lws"
 CRD_FILES = (
@@ -123,7 +124,7 @@ class Controller:
     log: str
 
 
-def _state_file(state: cluster.ClusterState) -> Path:
+def _state_file(state: ClusterState) -> Path:
     return state.root / "lws.json"
 
 
@@ -199,22 +200,22 @@ _PATHS = {
 }
 
 
-def _apply(state: cluster.ClusterState, obj: dict[str, Any]) -> None:
+def _apply(state: ClusterState, obj: dict[str, Any]) -> None:
     """Server-side apply one cluster-scoped object (field manager hpd-devcluster)."""
     url = f"{state.server}{_PATHS[obj['kind']]}/{obj['metadata']['name']}?fieldManager=hpd-devcluster&force=true"
     req = urllib.request.Request(
         url, data=json.dumps(obj).encode(), method="PATCH", headers={"Content-Type": "application/apply-patch+yaml"}
     )
-    with urllib.request.urlopen(req, context=cluster._ssl_context(state), timeout=60):
+    with urllib.request.urlopen(req, context=ssl_context(state), timeout=60):
         pass
 
 
-def _delete(state: cluster.ClusterState, kind: str, name: str) -> None:
+def _delete(state: ClusterState, kind: str, name: str) -> None:
     with contextlib.suppress(urllib.error.HTTPError):
-        cluster.api(state, "DELETE", f"{_PATHS[kind]}/{name}")
+        api(state, "DELETE", f"{_PATHS[kind]}/{name}")
 
 
-def install_crds(state: cluster.ClusterState) -> None:
+def install_crds(state: ClusterState) -> None:
     """LeaderWorkerSet's CRDs, applied and Established."""
     d = ensure_built()
     names = []
@@ -227,17 +228,17 @@ def install_crds(state: cluster.ClusterState) -> None:
         if all(_established(state, n) for n in names):
             return
         time.sleep(0.2)
-    raise cluster.ClusterError("lws: CRDs Established", None, "timed out")
+    raise ClusterError("lws: CRDs Established", None, "timed out")
 
 
-def _established(state: cluster.ClusterState, name: str) -> bool:
-    crd = cluster.api(state, "GET", f"{_PATHS['CustomResourceDefinition']}/{name}")
+def _established(state: ClusterState, name: str) -> bool:
+    crd = api(state, "GET", f"{_PATHS['CustomResourceDefinition']}/{name}")
     return any(
         c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or []
     )
 
 
-def uninstall_crds(state: cluster.ClusterState) -> None:
+def uninstall_crds(state: ClusterState) -> None:
     """Delete LeaderWorkerSet's CRDs (and with them every LeaderWorkerSet) and wait until they are gone."""
     names = [d["metadata"]["name"] for d in yaml.safe_load_all((_dir() / "crds.yaml").read_text()) if d]
     for n in names:
@@ -245,13 +246,13 @@ def uninstall_crds(state: cluster.ClusterState) -> None:
     deadline = time.monotonic() + 60
     while any(_exists(state, n) for n in names):
         if time.monotonic() > deadline:
-            raise cluster.ClusterError("lws: CRDs deleted", None, "timed out")
+            raise ClusterError("lws: CRDs deleted", None, "timed out")
         time.sleep(0.2)
 
 
-def _exists(state: cluster.ClusterState, name: str) -> bool:
+def _exists(state: ClusterState, name: str) -> bool:
     try:
-        cluster.api(state, "GET", f"{_PATHS['CustomResourceDefinition']}/{name}")
+        api(state, "GET", f"{_PATHS['CustomResourceDefinition']}/{name}")
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return False
@@ -270,27 +271,27 @@ def _port_ready(port: int, ctx: ssl.SSLContext) -> bool:
         return False
 
 
-def start(state: cluster.ClusterState) -> Controller:
+def start(state: ClusterState) -> Controller:
     """CRDs, then the controller with its webhooks on loopback, then the webhook configurations; returns once the
     controller answers its readiness check and its webhook server accepts TLS from the cluster's CA. A controller
     this harness already runs on the cluster is kept."""
     d = ensure_built()
     install_crds(state)
     ctl = load(state)
-    if ctl is None or not cluster._alive(ctl.pid, "lws-manager"):
+    if ctl is None or not alive(ctl.pid, "lws-manager"):
         ctl = _launch(state, d)
     for hook in webhook_configurations(d / "webhooks.yaml", ctl.webhook_port, (state.pki / "ca.crt").read_bytes()):
         _apply(state, hook)
     return ctl
 
 
-def _launch(state: cluster.ClusterState, d: Path) -> Controller:
+def _launch(state: ClusterState, d: Path) -> Controller:
     work = state.root / "lws"
     shutil.rmtree(work, ignore_errors=True)
     _serving_cert(state.pki, work / "certs")
     pki.add_client(state.pki, CLIENT)
     (work / "kubeconfig").write_text(pki.kubeconfig(state.server, state.pki, CLIENT.name))
-    webhook_port, health_port = cluster._free_ports(2)
+    webhook_port, health_port = free_ports(2)
     (work / "config.yaml").write_text(json.dumps(config_file(webhook_port, health_port, work / "certs")))
     log = state.logs / "lws-manager.log"
     state.logs.mkdir(parents=True, exist_ok=True)
@@ -300,29 +301,29 @@ def _launch(state: cluster.ClusterState, d: Path) -> Controller:
             [str(d / "lws-manager"), f"--config={work / 'config.yaml'}", "--zap-log-level=info"],
             stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=work, env=env,
         )  # fmt: skip
-    cluster._CHILDREN[proc.pid] = proc
+    CHILDREN[proc.pid] = proc
     ctl = Controller(pid=proc.pid, webhook_port=webhook_port, health_port=health_port, log=str(log))
     _state_file(state).write_text(json.dumps(asdict(ctl)))
     ca = ssl.create_default_context(cafile=str(state.pki / "ca.crt"))
     deadline = time.monotonic() + READY_TIMEOUT
     ready = f"http://127.0.0.1:{health_port}/readyz"
-    while not (cluster._url_ok(ready) and _port_ready(webhook_port, ca)):
+    while not (url_ok(ready) and _port_ready(webhook_port, ca)):
         if proc.poll() is not None:
             _state_file(state).unlink(missing_ok=True)
-            raise cluster.ClusterError("lws: start", log, f"lws-manager exited with status {proc.returncode}")
+            raise ClusterError("lws: start", log, f"lws-manager exited with status {proc.returncode}")
         if time.monotonic() > deadline:
             stop(state)
-            raise cluster.ClusterError("lws: start", log, "its webhook server did not answer in time")
+            raise ClusterError("lws: start", log, "its webhook server did not answer in time")
         time.sleep(0.2)
     return ctl
 
 
-def load(state: cluster.ClusterState) -> Controller | None:
+def load(state: ClusterState) -> Controller | None:
     path = _state_file(state)
     return Controller(**json.loads(path.read_text())) if path.exists() else None
 
 
-def stop(state: cluster.ClusterState) -> bool:
+def stop(state: ClusterState) -> bool:
     """Delete the webhook configurations first (so no pod waits on a webhook that is gone), then stop the
     controller (SIGTERM, SIGKILL after 10 s); True if one was running."""
     ctl = load(state)
@@ -331,24 +332,24 @@ def stop(state: cluster.ClusterState) -> bool:
     if ctl is None:
         return False
     _state_file(state).unlink(missing_ok=True)
-    if not cluster._alive(ctl.pid, "lws-manager"):
+    if not alive(ctl.pid, "lws-manager"):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.killpg(ctl.pid, signal.SIGTERM)
     end = time.monotonic() + 10
-    while cluster._alive(ctl.pid, "lws-manager") and time.monotonic() < end:
+    while alive(ctl.pid, "lws-manager") and time.monotonic() < end:
         time.sleep(0.05)
-    if cluster._alive(ctl.pid, "lws-manager"):
+    if alive(ctl.pid, "lws-manager"):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(ctl.pid, signal.SIGKILL)
-    child = cluster._CHILDREN.pop(ctl.pid, None)
+    child = CHILDREN.pop(ctl.pid, None)
     if child is not None:
         child.wait(timeout=10)
     return True
 
 
 @contextlib.contextmanager
-def running(state: cluster.ClusterState) -> Any:
+def running(state: ClusterState) -> Any:
     """LWS for the duration of a `with` block (the CRDs stay: deleting them would delete every LeaderWorkerSet)."""
     ctl = start(state)
     try:
