@@ -69,7 +69,7 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
-def _issue(
+def _issue(  # noqa: PLR0913 - an X.509 certificate's parts, as cryptography's builder takes them
     subject: x509.Name,
     key: ec.EllipticCurvePrivateKey,
     ca_key: ec.EllipticCurvePrivateKey,

@@ -192,7 +192,7 @@ def fresh_plan(desired_hash: str, groups: Iterable[str] = ()) -> Plan:
     return Plan(desired=gen, route=gen, keep=frozenset({desired_hash}), latest=1)
 
 
-def plan_rollout(
+def plan_rollout(  # noqa: PLR0913 - the plan's facts, each from another observation; keyword-only past the 4th
     desired_hash: str,
     live: Live,
     ready: Mapping[str, bool],

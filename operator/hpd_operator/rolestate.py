@@ -157,7 +157,7 @@ def group_size(workload: Mapping[str, Any] | None) -> int:
     return int(((workload.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
 
 
-def role_state(
+def role_state(  # noqa: PLR0913 - the workload and its pods, plus keyword-only knobs with defaults
     desired: int,
     deployment: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]] | None = None,

@@ -206,7 +206,7 @@ class PairChecker:
 class PairMonitor:
     """Background re-checks when the prefill peers change (see the module doc)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the monitor's collaborators, each injected (tests pass stand-ins)
         self,
         cfg: RuntimeConfig,
         state: RuntimeState,

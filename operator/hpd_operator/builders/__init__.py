@@ -44,7 +44,7 @@ def group_roles(cr: HybridPDDeployment) -> frozenset[str]:
     return frozenset(r for r in contract.ROLES if cr.spec.role(r).multi_node)
 
 
-def build_all(
+def build_all(  # noqa: PLR0913 - the CR, its profile, and what this reconcile decided (optional; render passes none)
     cr: HybridPDDeployment,
     profile: Profile,
     plan: Plan | None = None,
