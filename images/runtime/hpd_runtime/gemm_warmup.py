@@ -1,4 +1,4 @@
-"""A vLLM general plugin that warms every GEMM row count before the pod reports Ready (issue #12, every shape warm).
+"""A vLLM general plugin that warms every GEMM row count before the pod reports Ready (every shape warm).
 
 Why: on the H200 the first request of a prompt length that no warmup request had sent cost +5..+20 ms over its
 steady median (first/steady up to 1.79x on the tiny model), with 0 Triton JIT and 0 autotune after Ready. A prefill

@@ -1,4 +1,4 @@
-"""Which transport UCX chose for the KV transfers, read from UCX's own protocol tables (issue #43).
+"""Which transport UCX chose for the KV transfers, read from UCX's own protocol tables.
 
 With `UCX_PROTO_INFO=y` UCX prints, once per endpoint configuration and operation, the protocol it selected for
 each message-size range (`src/ucp/proto/proto_debug.c`, `ucp_proto_select_elem_trace`; printed with

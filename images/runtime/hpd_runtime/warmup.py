@@ -10,7 +10,7 @@ What is sent, after vLLM `/health` answers 200 (all `/v1/completions`, token-id 
 3. `concurrent`: HPD_WARMUP_CONCURRENCY requests at once (batched prefill + batched decode);
 4. `shape`: one prompt per length of `shape_lengths` (1-3, and p - 1, p, 1.5 p + 3 for every power of two p up to
    the prompt limit, then the limit): the first request of each new prompt length after Ready measured +10-20 ms
-   on vLLM 0.20 (issue #12) and the token count's length classes (1 / multiple of 16 / other) are compiled
+   on vLLM 0.20 and the token count's length classes (1 / multiple of 16 / other) are compiled
    separately by Triton, so every class and octave is paid for here (bench/gpu/README.md has the measurement);
 5. `batch`: BATCH_CLASS_SIZE (16) short prompts at once, the "multiple of 16" decode batch class;
 6. `split`: prompts of min(limit, budget) tokens, budget // that + 2 of them at once, budget being
@@ -24,7 +24,7 @@ What is sent, after vLLM `/health` answers 200 (all `/v1/completions`, token-id 
    (greedy, `logprobs=1`: vLLM's sampler ranks the sampled token with a torch.compile'd function,
    `batched_count_greater_than`, compiled by Inductor in the first request that asks for logprobs; vllm-router
    forwards a client's `logprobs` to prefill too, and on the H200 that first request through the router cost
-   0.5-0.7 s with warm caches and about 2 s cold while every later one took 0.08 s, issue #12/#16) and `sampled`
+   0.5-0.7 s with warm caches and about 2 s cold while every later one took 0.08 s) and `sampled`
    (temperature, top-p, top-k and a seed: the random-sampling path, FlashInfer's sampling kernels where the image
    has them);
 8. decode with pair check only: the output-verified pair check (`hpd_runtime.pairing`) against every Ready

@@ -16,8 +16,9 @@ from hpd_runtime import contract
 DEFAULT_VLLM_VERSION: Final = "0.20.0"
 """The version our H200 runs proved end to end (bench/gpu/README.md); docs/vllm-versions.md says why."""
 VLLM_IMAGE_REPOSITORY: Final = "ghcr.io/hybridpd/vllm-runtime"
-DEFAULT_VLLM_IMAGE: Final = f"{VLLM_IMAGE_REPOSITORY}:{DEFAULT_VLLM_VERSION}"
-"""Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
+VLLM_IMAGE_TEMPLATE: Final = VLLM_IMAGE_REPOSITORY + ":{version}"
+"""The one definition of the default vLLM image, the operator's default `--vllm-image` (chart `images.vllm`):
+`{version}` becomes the CR's spec.vllmVersion (vllm_image)."""
 VLLM_MINORS: Final = range(20, 34)
 """vLLM 0.<minor> releases the version table covers (versions.VERSION_RULES): 0.20 to 0.33."""
 VLLM_RANGE_TEXT: Final = f"0.{VLLM_MINORS[0]} to 0.{VLLM_MINORS[-1]}"
@@ -28,13 +29,14 @@ def vllm_version_regex() -> str:
     return r"^0\.(" + "|".join(str(m) for m in VLLM_MINORS) + r")(\.[0-9]+)?$"
 
 
-VLLM_IMAGE_TEMPLATE: Final = VLLM_IMAGE_REPOSITORY + ":{version}"
-"""The operator's default `--vllm-image` (chart `images.vllm`): `{version}` becomes the CR's spec.vllmVersion."""
+def vllm_image(version: str, template: str = VLLM_IMAGE_TEMPLATE) -> str:
+    """The vLLM image of a version from an image template (default: ours, VLLM_IMAGE_TEMPLATE): what spec.image
+    becomes when only spec.vllmVersion is set."""
+    return template.replace("{version}", version)
 
 
-def vllm_image(version: str) -> str:
-    """Our vLLM image for a version: what spec.image defaults to when only spec.vllmVersion is set."""
-    return f"{VLLM_IMAGE_REPOSITORY}:{version}"
+DEFAULT_VLLM_IMAGE: Final = vllm_image(DEFAULT_VLLM_VERSION)
+"""Our vLLM image: `vllm/vllm-openai:v0.20.0` + nixl + the hpd_runtime package (images/vllm/Dockerfile)."""
 
 
 DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
@@ -62,7 +64,7 @@ MAX_ENV: Final = 64
 MAX_ENV_VALUE: Final = 32_768
 MAX_ENV_BYTES: Final = 262_144
 """spec.env values together (as Kubernetes bounds an object's annotations): 64 values of 24 KB made a 1.57 MB CR
-that etcd stored but whose every status write it then refused (#32)."""
+that etcd stored but whose every status write it then refused."""
 MAX_TENSOR_PARALLEL_SIZE: Final = 64
 MAX_PIPELINE_PARALLEL_SIZE: Final = 64
 MAX_GPUS_PER_NODE: Final = 64

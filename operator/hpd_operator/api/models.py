@@ -840,7 +840,7 @@ def with_default_images(
     spec = cr.spec
     update: dict[str, Any] = {}
     if not image_set:
-        update["image"] = vllm_image.replace("{version}", spec.vllm_version)
+        update["image"] = c.vllm_image(spec.vllm_version, vllm_image)
         digest = (vllm_digests or {}).get(spec.vllm_version)
         if digest and "{version}" in vllm_image and "@" not in vllm_image:
             update["image"] += f"@{digest}"
