@@ -1,6 +1,6 @@
 """The operator's state, in one object created once by `run` (handlers.setup): the API client, what the apiserver
 serves, the settings, the watch cache, the work queue and what this process remembers between reconciles. Nothing
-else in the package keeps state between calls (tests/unit/test_code_shape.py checks that no module holds any)."""
+else in the package keeps state between calls (tests/unit/test_module_state.py checks that no module holds any)."""
 
 from __future__ import annotations
 
