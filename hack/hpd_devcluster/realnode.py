@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpd_devcluster import build, cluster, pki, versions
+from hpd_devcluster import build, cluster, nodenet, pki, versions
 
 NODE_NAME = "real-node-0"
 NODE_LABEL = "hybridpd.io/real-node"
@@ -123,19 +123,19 @@ def _installed(package: str) -> bool | None:
 
 
 def ensure_built(root: Path | None = None) -> Path:
-    """kubelet (k8s.io/kubernetes/cmd/kubelet at versions.KUBERNETES) and the static `pause` of the same module's
+    """kubelet and kube-proxy (k8s.io/kubernetes/cmd/... at versions.KUBERNETES) and the static `pause` of the same module's
     build/pause/linux/pause.c, built once into `<cache>/bin/kubelet-v<ver>/`; returns that directory."""
     root = root or build.cache_dir()
     dest = bin_dir(root)
-    if os.access(dest / "kubelet", os.X_OK) and os.access(dest / "pause", os.X_OK):
+    if all(os.access(dest / b, os.X_OK) for b in ("kubelet", "kube-proxy", "pause")):
         return dest
     logs = root / "logs"
     log = logs / f"kubelet-v{versions.KUBERNETES}.log"
     t0 = time.monotonic()
-    build._say(f"building kubelet and pause into {dest} (once; log in {log}) ...")
+    build._say(f"building kubelet, kube-proxy and pause into {dest} (once; log in {log}) ...")
     with tempfile.TemporaryDirectory(prefix="hpd-kubelet-") as tmp:
         staged = Path(tmp) / "out"
-        build.build_kubernetes_commands(("kubelet",), staged, log)
+        build.build_kubernetes_commands(("kubelet", "kube-proxy"), staged, log)
         info = json.loads(
             build._run("pause: locate k8s.io/kubernetes", ["go", "mod", "download", "-json",
                        f"k8s.io/kubernetes@v{versions.KUBERNETES}"], cwd=Path(tmp), log=log, env=build._go_env(root))
@@ -320,13 +320,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 
 def _cni_config(node: RealNode) -> dict[str, Any]:
-    """bridge + host-local: no default route and no masquerade, so a pod reaches only POD_CIDR."""
+    """bridge + host-local: no default route and no masquerade, so a pod reaches only POD_CIDR and, through the
+    host (kube-proxy, nodenet.py), the Service range."""
     return {
         "cniVersion": "0.4.0",
         "name": "hpd-real-node",
         "plugins": [{
             "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                     "routes": [{"dst": cluster.SERVICE_CIDR}],
                      "dataDir": str(node.root / "cni" / "ipam")},
         }],
     }  # fmt: skip
@@ -350,8 +352,9 @@ def _kubelet_config(state: cluster.ClusterState, node: RealNode) -> dict[str, An
         "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{node.socket}",
         "podLogsDir": str(node.root / "pod-logs"),
-        "resolvConf": "",  # no nameserver in the pods: they resolve nothing outside the cluster
-        "clusterDomain": "cluster.local",
+        "resolvConf": "",  # no upstream nameserver: the pods resolve nothing outside the cluster
+        "clusterDomain": nodenet.CLUSTER_DOMAIN,
+        "clusterDNS": [nodenet.host_ip(POD_CIDR)],  # CoreDNS on the bridge's host address (nodenet.py)
         "registerWithTaints": [TAINT],
         "maxPods": 30,
         "serializeImagePulls": False,
@@ -450,6 +453,7 @@ def start(state: cluster.ClusterState, timeout: float = 120.0) -> RealNode:
         raise RealNodeError("real node", None, f"cluster {other!r} runs a real node on this machine (one at a time)")
     check_pod_range()
     bins = ensure_built()
+    coredns = nodenet.ensure_coredns()
     from hpd_devcluster import images
 
     try:
@@ -460,13 +464,14 @@ def start(state: cluster.ClusterState, timeout: float = 120.0) -> RealNode:
     root = node_dir(state)
     shutil.rmtree(root, ignore_errors=True)
     (root / "cni" / "net.d").mkdir(parents=True)
-    port_names = ("kubelet", "kubelet_healthz")
-    node = RealNode(dir=str(root), ports=dict(zip(port_names, cluster._free_ports(2), strict=True)))
+    port_names = ("kubelet", "kubelet_healthz", "kube_proxy_healthz", "kube_proxy_metrics")
+    node = RealNode(dir=str(root), ports=dict(zip(port_names, cluster._free_ports(4), strict=True)))
     node.made_dirs = [d for d in HOST_DIRS if not os.path.lexists(d)]
     node.sysctls = _read_sysctls()
     node.save()
     _owner_file().write_text(state.name)
     try:
+        _make_bridge()
         (root / "containerd.toml").write_text(_containerd_config(node))
         (root / "cni" / "net.d" / "10-hpd.conflist").write_text(json.dumps(_cni_config(node), indent=2))
         _spawn(node, "containerd", ["containerd", "--config", str(root / "containerd.toml")])
@@ -487,10 +492,37 @@ def start(state: cluster.ClusterState, timeout: float = 120.0) -> RealNode:
         _initialize_node(state)
         _wait(node, "real node InternalIP 127.0.0.1",
               lambda: {"type": "InternalIP", "address": "127.0.0.1"} in _node_addresses(state), 30, "kubelet.log")  # fmt: skip
+        _start_network(state, node, bins, coredns)
     except BaseException:
         stop(state)
         raise
     return node
+
+
+def _make_bridge() -> None:
+    """The pods' bridge with the host's address, before CNI's first pod: CoreDNS binds that address (CNI's bridge
+    plugin takes a bridge that exists, with its gateway address)."""
+    gateway = f"{nodenet.host_ip(POD_CIDR)}/{ipaddress.ip_network(POD_CIDR).prefixlen}"
+    subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+    for argv in (["link", "add", BRIDGE, "type", "bridge"], ["addr", "add", gateway, "dev", BRIDGE],
+                 ["link", "set", BRIDGE, "up"]):  # fmt: skip
+        proc = subprocess.run(["ip", *argv], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RealNodeError(f"ip {' '.join(argv)}", None, proc.stderr.strip())
+
+
+def _start_network(state: cluster.ClusterState, node: RealNode, bins: Path, coredns: Path) -> None:
+    """kube-proxy, CoreDNS and the apiserver's address for the pods (nodenet.py); waits until kube-proxy synced its
+    rules and CoreDNS answers for the `kubernetes` Service."""
+    configs = nodenet.write_configs(state, node.root, NODE_NAME, POD_CIDR, node.ports)
+    nodenet.add_apiserver_rule(BRIDGE, state.ports["apiserver"])
+    _spawn(node, "kube-proxy", [str(bins / "kube-proxy"), f"--config={configs['kube-proxy']}", "--v=1"])
+    _spawn(node, "coredns", [str(coredns), "-conf", str(configs["coredns"])])
+    healthz = f"http://127.0.0.1:{node.ports['kube_proxy_healthz']}/healthz"
+    _wait(node, "kube-proxy synced", lambda: cluster._url_ok(healthz), 60, "kube-proxy.log")
+    name = f"kubernetes.default.svc.{nodenet.CLUSTER_DOMAIN}"
+    _wait(node, "CoreDNS answers", lambda: nodenet.resolve(name, nodenet.host_ip(POD_CIDR)) ==
+          nodenet.KUBERNETES_SERVICE_IP, 60, "coredns.log")  # fmt: skip
 
 
 def _owner_file() -> Path:
@@ -600,6 +632,11 @@ def stop(state: cluster.ClusterState) -> list[str]:
         _delete_pods(state, node)
         _stop_pid("kubelet", kubelet_pid, 10)
         stopped.append("kubelet")
+    for name in ("kube-proxy", "coredns"):
+        pid = node.pids.get(name)
+        if pid and cluster._alive(pid, name):
+            _stop_pid(name, pid, 10)
+            stopped.append(name)
     containerd_pid = node.pids.get("containerd")
     if containerd_pid and cluster._alive(containerd_pid, "containerd"):
         _force_remove_containers(node)
@@ -609,6 +646,7 @@ def stop(state: cluster.ClusterState) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _unmount_all((str(node.root), "/run/containerd", "/run/netns", *node.made_dirs))
+    nodenet.cleanup(bin_dir() / "kube-proxy")
     subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
     for name, value in node.sysctls.items():
         with contextlib.suppress(OSError):

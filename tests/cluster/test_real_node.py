@@ -305,9 +305,8 @@ def post_json(url: str, body: dict[str, Any]) -> Any:
 def test_decode_turns_ready_after_its_pair_check_with_a_real_prefill_pod(
     real_node: realnode.RealNode, api_client: client.ApiClient, restricted_ns: str, rendered: list[dict[str, Any]]
 ) -> None:
-    """Decode's runtime pairs with a prefill pod over the pods' network (decode pod -> prefill pod) before Ready.
-    This node has no cluster DNS: the prefill Service's name resolves through the pod's /etc/hosts (hostAliases,
-    the one substitution beyond `placed`)."""
+    """Decode's runtime pairs with a prefill pod over the pods' network (decode pod -> prefill pod) before Ready,
+    finding it by the rendered headless prefill Service's name (the node's CoreDNS)."""
     ns, core = restricted_ns, client.CoreV1Api(api_client)
     ref, archive = realnode.ensure_engine_standin()
     realnode.import_image(real_node, archive, ref)
@@ -317,7 +316,8 @@ def test_decode_turns_ready_after_its_pair_check_with_a_real_prefill_pod(
     env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
     assert env["HPD_WARMUP_PAIR_CHECK"] == "true"
     pod = placed(template, "decode-0", ref)
-    pod["spec"]["hostAliases"] = [{"ip": prefill.status.pod_ip, "hostnames": [env["HPD_PREFILL_SERVICE"]]}]
+    (service,) = [o for o in rendered if o["kind"] == "Service" and o["metadata"]["name"] == env["HPD_PREFILL_SERVICE"]]
+    core.create_namespaced_service(ns, service)
     decode = start_pod(api_client, ns, pod)
     wait_for(lambda: is_ready(core.read_namespaced_pod("decode-0", ns)), 180, what="decode Ready after its pair check")
 
@@ -338,11 +338,85 @@ def test_decode_turns_ready_after_its_pair_check_with_a_real_prefill_pod(
     assert answer["usage"]["completion_tokens"] == 4 and answer["choices"][0]["text"], answer
 
 
+CLIENT_SCRIPT = r"""
+import json, os, socket, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+host, port, web = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"], os.environ["WEB"]
+out = {"apiserver": f"{host}:{port}", "web_ip": socket.gethostbyname(web)}
+with urllib.request.urlopen(f"http://{web}:8080/name", timeout=10) as resp:
+    out["web"] = resp.read().decode().strip()
+review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+req = urllib.request.Request(f"https://{host}:{port}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                             data=json.dumps(review).encode(), method="POST",
+                             headers={"Authorization": "Bearer " + open(sa + "/token").read(),
+                                      "Content-Type": "application/json"})
+with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=sa + "/ca.crt"), timeout=10) as resp:
+    out["user"] = json.load(resp)["status"]["userInfo"]["username"]
+try:
+    socket.gethostbyname("example.com")
+    out["outside"] = "resolved"
+except OSError as exc:
+    out["outside"] = f"unresolved: {exc}"
+print("RESULT " + json.dumps(out), flush=True)
+"""
+"""A pod that reaches a Service by its DNS name (CoreDNS -> ClusterIP -> kube-proxy -> the server pod) and the
+apiserver at KUBERNETES_SERVICE_HOST with its ServiceAccount token, and finds no name outside the cluster."""
+
+
+def test_pods_reach_services_by_name_and_the_apiserver_with_their_token(
+    real_node: realnode.RealNode, api_client: client.ApiClient, namespace: str, kubeconfig: Path
+) -> None:
+    """kube-proxy, CoreDNS and the apiserver's address for pods (hpd_devcluster.nodenet), from inside a pod."""
+    ns, core = namespace, client.CoreV1Api(api_client)
+    ref, archive = realnode.ensure_engine_standin()
+    realnode.import_image(real_node, archive, ref)
+    web = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {
+        "nodeSelector": {realnode.NODE_LABEL: "true"}, "tolerations": [dict(realnode.TOLERATION)],
+        "containers": [{"name": "web", "image": realnode.TEST_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", "echo web-pod > /www/name && exec httpd -f -p 8080 -h /www"],
+                        "volumeMounts": [{"name": "www", "mountPath": "/www"}],
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}],
+        "volumes": [{"name": "www", "emptyDir": {}}]}}  # fmt: skip
+    start_pod(api_client, ns, web)
+    svc = core.create_namespaced_service(ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                                              "spec": {"selector": {"app": "web"},
+                                                       "ports": [{"port": 8080, "targetPort": 8080}]}})  # fmt: skip
+    cluster_ip = svc.spec.cluster_ip
+
+    def served_from_host() -> str | None:  # kube-proxy's rules from the host: the Service's virtual IP answers
+        try:
+            with urllib.request.urlopen(f"http://{cluster_ip}:8080/name", timeout=2) as resp:
+                return resp.read().decode().strip()  # type: ignore[no-any-return]
+        except OSError:
+            return None
+
+    assert wait_for(served_from_host, 60, what=f"Service web ({cluster_ip}) answering from the host") == "web-pod"
+
+    client_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"}, "spec": {
+        "restartPolicy": "Never", "nodeSelector": {realnode.NODE_LABEL: "true"},
+        "tolerations": [dict(realnode.TOLERATION)],
+        "containers": [{"name": "client", "image": ref, "imagePullPolicy": "Never",
+                        "command": ["python3", "-c", CLIENT_SCRIPT], "env": [{"name": "WEB", "value": f"web.{ns}.svc"}],
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}  # fmt: skip
+    core.create_namespaced_pod(ns, client_pod)
+    phase = wait_for(lambda: core.read_namespaced_pod("client", ns).status.phase in ("Succeeded", "Failed") and
+                     core.read_namespaced_pod("client", ns).status.phase, 120, what="the client pod done")  # fmt: skip
+    out = logs(kubeconfig, ns, "client")
+    assert phase == "Succeeded", out[-3000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["web_ip"] == cluster_ip, result
+    assert result["web"] == "web-pod", result
+    assert result["apiserver"] == f"{realnode.nodenet.KUBERNETES_SERVICE_IP}:443", result
+    assert result["user"] == f"system:serviceaccount:{ns}:default", result
+    assert result["outside"].startswith("unresolved"), result
+
+
 def test_stop_puts_the_host_back(real_node: realnode.RealNode, devcluster: cluster.ClusterState) -> None:
     """Runs last in this module: `stop` undoes what the node changed on the machine (the fixture's stop is a no-op)."""
     made, sysctls = list(real_node.made_dirs), dict(real_node.sysctls)
     assert Path(f"/sys/class/net/{realnode.BRIDGE}").exists()
-    assert realnode.stop(devcluster) == ["kubelet", "containerd"]
+    assert realnode.stop(devcluster) == ["kubelet", "kube-proxy", "coredns", "containerd"]
     for path in made:
         assert not os.path.lexists(path), f"{path} left behind"
     for name, value in sysctls.items():
@@ -351,6 +425,7 @@ def test_stop_puts_the_host_back(real_node: realnode.RealNode, devcluster: clust
     assert not list(realnode.CGROUP_ROOT.glob(f"*/{realnode.KUBELET_CGROUP}"))
     assert not realnode._mounts_under((str(real_node.root), "/run/containerd", "/run/netns"))
     assert not realnode._our_shims(real_node)
+    assert not realnode.nodenet.kube_chains(), "iptables chains left behind"
     with pytest.raises(client.ApiException) as missing:
         client.CoreV1Api(client.ApiClient(_admin(devcluster))).read_node(realnode.NODE_NAME)
     assert missing.value.status == 404
