@@ -65,8 +65,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under `--dist loadgroup` (hack/test.sh), which tests must share a worker:
 
     - the real-node tests (one real node per machine): the group `real-node`;
-    - a module with a module-scoped fixture (a built image, a started LeaderWorkerSet controller, a Prometheus):
-      its tests stay together, so the fixture is made once and not once per worker that got one of its tests.
+    - the tests that use a module-scoped fixture (a built image, a started LeaderWorkerSet controller, a
+      Prometheus) are one group per module, so the fixture is made once and not once per worker that got one.
 
     Every other test goes to whichever worker is free (tests only share their worker's control plane, each in a
     fresh namespace). An explicit xdist_group mark in a test file wins."""
