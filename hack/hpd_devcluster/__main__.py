@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from hpd_devcluster import build, cluster, lws, realnode
+from hpd_devcluster import build, cluster, lws, nodenet, realnode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also a real node (kubelet + containerd + CNI bridge; root; hack/real-node-tools.sh installs its packages)",
     )
     sub.add_parser("down", help="stop every process `up` started and delete the cluster's data")
+    sub.add_parser(
+        "load-images",
+        help="build the operator and router images and the engine stand-in if changed, import them into the real "
+        "node's containerd; print their references as JSON",
+    )
     p_restart = sub.add_parser("restart", help="stop one process of the running cluster and start it again, same flags")
     p_restart.add_argument("process", choices=cluster.PROCESS_ORDER)
     sub.add_parser("env", help="print `export KUBECONFIG=... PATH=...` for eval")
@@ -47,16 +52,12 @@ def main(argv: list[str] | None = None) -> int:
                 paths["cyclonus"] = str(build.ensure_cyclonus())
                 paths["lws"] = str(lws.ensure_built() / "lws-manager")
                 paths["kubelet"] = str(realnode.ensure_built() / "kubelet")
+                paths["coredns"] = str(nodenet.ensure_coredns())
             print(json.dumps(paths, indent=2))
         elif args.command == "up":
-            t0 = time.monotonic()
-            pool = cluster.NodePool(count=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product)
-            state = cluster.up(args.name, pool, timeout=args.timeout)
-            if args.real_node:
-                realnode.start(state, timeout=args.timeout)
-                print(f"real node {realnode.NODE_NAME!r} Ready (pods on {realnode.POD_CIDR})", file=sys.stderr)
-            print(f"cluster {state.name!r} ready in {time.monotonic() - t0:.1f} s: {state.server}", file=sys.stderr)
-            print(f"  kubeconfig: {state.kubeconfig}\n  logs: {state.logs}", file=sys.stderr)
+            _up(args)
+        elif args.command == "load-images":
+            return _load_images(args.name)
         elif args.command == "down":
             stopped = cluster.down(args.name)
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
@@ -86,6 +87,34 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(info, indent=2))
             return 0 if ok else 1
     except (build.BuildError, cluster.ClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _up(args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
+    pool = cluster.NodePool(count=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product)
+    state = cluster.up(args.name, pool, timeout=args.timeout)
+    if args.real_node:
+        # no kwok node: every pod runs on the real node (the demo), which then advertises GPUs for them
+        alone = args.nodes == 0
+        realnode.start(state, timeout=args.timeout, taint=not alone, gpus=8 if alone else 0)
+        print(f"real node {realnode.NODE_NAME!r} Ready (pods on {realnode.POD_CIDR})", file=sys.stderr)
+    print(f"cluster {state.name!r} ready in {time.monotonic() - t0:.1f} s: {state.server}", file=sys.stderr)
+    print(f"  kubeconfig: {state.kubeconfig}\n  logs: {state.logs}", file=sys.stderr)
+
+
+def _load_images(name: str) -> int:
+    state = cluster.ClusterState.load(name)
+    if state is None:
+        print(f"no cluster {name!r}; run: python -m hpd_devcluster up --real-node", file=sys.stderr)
+        return 1
+    from hpd_devcluster import images
+
+    try:
+        print(json.dumps(realnode.load_images(state), indent=2))
+    except images.ImageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

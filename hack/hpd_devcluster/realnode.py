@@ -419,14 +419,17 @@ def _patch(state: cluster.ClusterState, path: str, patch: dict[str, Any]) -> Non
         pass
 
 
-def _initialize_node(state: cluster.ClusterState) -> None:
+def _initialize_node(state: cluster.ClusterState, taint: bool, gpus: int) -> None:
     """What a cloud controller does for a kubelet run with `--cloud-provider=external`: set the Node's addresses and
     lift the `uninitialized` taint. The kubelet listens on 127.0.0.1 but refuses `--node-ip=127.0.0.1` ("nodeIP can't
     be loopback"); on its own it reports the machine's eth0 address, where the apiserver's logs/exec requests would go.
     With an external cloud provider it leaves addresses alone once the Node has some."""
     addresses = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": NODE_NAME}]
-    _patch(state, f"/api/v1/nodes/{NODE_NAME}/status", {"status": {"addresses": addresses}})
-    _patch(state, f"/api/v1/nodes/{NODE_NAME}", {"spec": {"taints": [TAINT]}})
+    status: dict[str, Any] = {"addresses": addresses}
+    if gpus:  # a plain extended resource, as a node's admin may advertise one: no device plugin, no GPU behind it
+        status["capacity"] = {cluster.GPU_RESOURCE: str(gpus)}
+    _patch(state, f"/api/v1/nodes/{NODE_NAME}/status", {"status": status})
+    _patch(state, f"/api/v1/nodes/{NODE_NAME}", {"spec": {"taints": [TAINT] if taint else None}})
 
 
 def _node_addresses(state: cluster.ClusterState) -> list[dict[str, str]]:
@@ -434,9 +437,14 @@ def _node_addresses(state: cluster.ClusterState) -> list[dict[str, str]]:
     return node.get("status", {}).get("addresses", [])  # type: ignore[no-any-return]
 
 
-def start(state: cluster.ClusterState, timeout: float = 120.0) -> RealNode:
+def start(state: cluster.ClusterState, timeout: float = 120.0, taint: bool = True, gpus: int = 0) -> RealNode:
     """Start containerd and the kubelet for the cluster `state`, import the node images, wait until the Node is
-    Ready with InternalIP 127.0.0.1. Idempotent: a running node of this cluster is returned as is."""
+    Ready with InternalIP 127.0.0.1. Idempotent: a running node of this cluster is returned as is.
+
+    `taint`: only pods that tolerate TAINT land here (beside kwok nodes); without it (a cluster with no kwok node,
+    the demo) every pod does. `gpus`: the Node advertises that many `nvidia.com/gpu` as a plain extended resource,
+    so the operator's engine pods (their GPU limit is at least tensorParallelSize) are scheduled here; nothing backs
+    it, and only the CPU engine stand-in (`ensure_engine_standin`) runs in them."""
     existing = RealNode.load(state)
     if existing is not None and all(cluster._alive(pid, name) for name, pid in existing.pids.items()):
         return existing
@@ -489,7 +497,7 @@ def start(state: cluster.ClusterState, timeout: float = 120.0) -> RealNode:
             f"--node-labels={NODE_LABEL}=true", "--cloud-provider=external", "--v=1",
         ])  # fmt: skip
         _wait(node, "real node Ready", lambda: _node_ready(state), timeout, "kubelet.log")
-        _initialize_node(state)
+        _initialize_node(state, taint, gpus)
         _wait(node, "real node InternalIP 127.0.0.1",
               lambda: {"type": "InternalIP", "address": "127.0.0.1"} in _node_addresses(state), 30, "kubelet.log")  # fmt: skip
         _start_network(state, node, bins, coredns)
@@ -719,3 +727,40 @@ def _prune_standins(keep_ref: str, keep_archive: Path) -> None:
     for image in json.loads(listed.stdout):
         if not any(keep_ref in name for name in image.get("names") or []):
             subprocess.run([*images.buildah(), "rmi", image["id"]], capture_output=True, env=images._env(), check=False)
+
+
+# --- the project's images on the node (the demo) ------------------------------------------------------------------
+
+
+def _archive(ref: str) -> Path:
+    """A docker-archive of the buildah image `ref` (written once per reference) for `import_image`."""
+    from hpd_devcluster import images
+
+    archive = images.root() / "archives" / (ref.rsplit("/", 1)[-1].replace(":", "_") + ".tar")
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        partial = archive.with_suffix(".partial")
+        partial.unlink(missing_ok=True)
+        images._run(f"push-{ref}", [*images.buildah(), "push", ref, f"docker-archive:{partial}:{ref}"])
+        partial.rename(archive)
+        prefix = ref.rsplit("/", 1)[-1].split(":", 1)[0] + "_"
+        for old in archive.parent.glob(prefix + "*.tar"):  # earlier builds of the same image
+            if old != archive:
+                old.unlink(missing_ok=True)
+    return archive
+
+
+def load_images(state: cluster.ClusterState, names: tuple[str, ...] = ("operator", "router")) -> dict[str, str]:
+    """The images `names` (images.ensure_image) and the engine stand-in, built if their inputs changed and imported
+    into the running real node's containerd: {"operator": ref, "router": ref, "engine": ref}."""
+    from hpd_devcluster import images
+
+    node = RealNode.load(state)
+    if node is None:
+        raise RealNodeError("load images", None, f"cluster {state.name!r} runs no real node (up --real-node)")
+    refs: dict[str, str] = {name: images.ensure_image(name) for name in images.IMAGE_NAMES if name in names}
+    for ref in refs.values():
+        import_image(node, _archive(ref), ref)
+    engine, archive = ensure_engine_standin()
+    import_image(node, archive, engine)
+    return {**refs, "engine": engine}

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from hpd_devcluster import cluster, realnode
+from hpd_devcluster import cluster, nodenet, realnode
 from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract, kube_events
 
@@ -407,7 +407,7 @@ def test_pods_reach_services_by_name_and_the_apiserver_with_their_token(
     result = json.loads(line.removeprefix("RESULT "))
     assert result["web_ip"] == cluster_ip, result
     assert result["web"] == "web-pod", result
-    assert result["apiserver"] == f"{realnode.nodenet.KUBERNETES_SERVICE_IP}:443", result
+    assert result["apiserver"] == f"{nodenet.KUBERNETES_SERVICE_IP}:443", result
     assert result["user"] == f"system:serviceaccount:{ns}:default", result
     assert result["outside"].startswith("unresolved"), result
 
@@ -425,7 +425,7 @@ def test_stop_puts_the_host_back(real_node: realnode.RealNode, devcluster: clust
     assert not list(realnode.CGROUP_ROOT.glob(f"*/{realnode.KUBELET_CGROUP}"))
     assert not realnode._mounts_under((str(real_node.root), "/run/containerd", "/run/netns"))
     assert not realnode._our_shims(real_node)
-    assert not realnode.nodenet.kube_chains(), "iptables chains left behind"
+    assert not nodenet.kube_chains(), "iptables chains left behind"
     with pytest.raises(client.ApiException) as missing:
         client.CoreV1Api(client.ApiClient(_admin(devcluster))).read_node(realnode.NODE_NAME)
     assert missing.value.status == 404
