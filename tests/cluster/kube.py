@@ -185,6 +185,12 @@ def events(api: client.ApiClient, ns: str, name: str) -> list[client.CoreV1Event
     return list(client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items)
 
 
+def cr_warnings(api: client.ApiClient, ns: str, name: str) -> list[client.CoreV1Event]:
+    """Warning Events about the CR `name`, not about another object of that name: the router's Service is `<cr>` too,
+    and the controller-manager posts Warnings on Services (FailedToUpdateEndpointSlices) when a sync fails."""
+    return [e for e in events(api, ns, name) if e.type == "Warning" and e.involved_object.kind == contract.KIND]
+
+
 def hold(check: Callable[[], bool], seconds: float, what: str, interval: float = 0.3) -> None:
     """A negative claim held over time: `check()` must stay true for `seconds` (several resync rounds)."""
     end = time.monotonic() + seconds

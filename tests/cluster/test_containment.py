@@ -26,10 +26,10 @@ from .kube import (
     children,
     cond,
     container_of,
+    cr_warnings,
     create,
     deployment,
     engine_deployment,
-    events,
     expected,
     generation,
     get_cr,
@@ -47,9 +47,7 @@ ROUNDS = 4 * float(RESYNC)
 
 
 def warnings(api: client.ApiClient, ns: str, name: str) -> list[client.CoreV1Event]:
-    """Warning Events about the CR `name`, not about another object of that name: the router's Service is `<cr>` too,
-    and the controller-manager posts Warnings on Services (FailedToUpdateEndpointSlices) when a sync fails."""
-    return [e for e in events(api, ns, name) if e.type == "Warning" and e.involved_object.kind == contract.KIND]
+    return cr_warnings(api, ns, name)
 
 
 def test_a_broken_cr_is_its_own_problem_and_the_others_are_still_served(

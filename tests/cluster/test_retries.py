@@ -19,7 +19,7 @@ from hpd_devcluster.testing import wait_for
 
 from .conftest import Operator
 from .faultproxy import Fault, FaultProxy, fault_proxy
-from .kube import T, cond, create, events, get_cr, seed, wait_cr, wait_ready
+from .kube import T, cond, cr_warnings, create, get_cr, seed, wait_cr, wait_ready
 from .test_event_driven import op_metrics
 
 NO_RESYNC = "3600"
@@ -42,7 +42,7 @@ def start_proxied(
 
 
 def warnings(api: client.ApiClient, ns: str, name: str) -> list[client.CoreV1Event]:
-    return [e for e in events(api, ns, name) if e.type == "Warning"]
+    return cr_warnings(api, ns, name)
 
 
 @pytest.mark.parametrize("code", [403, 409, 429, 500])
