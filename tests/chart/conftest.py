@@ -173,7 +173,7 @@ class Cluster:
 
 
 @pytest.fixture()
-def k8s(  # noqa: PLR0917  (a fixture takes its fixtures positionally)
+def k8s(
     helm: Helm,
     kubeconfig: Path,
     api_client: Any,
