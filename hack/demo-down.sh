@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Stop the demo: the background operator (by its recorded PID only), then the local control plane.
+# Stop the demo: an operator an older demo ran in the background (by its recorded PID only), then the local control
+# plane with its real node (kubelet, containerd, kube-proxy, CoreDNS; `down` puts the host back: iptables chains,
+# bridge, sysctls, mounts, cgroups).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${HPD_DEMO_STATE:-$HOME/.cache/hybrid-pd/demo}
@@ -13,4 +15,4 @@ if [ -f "$STATE/operator.pid" ]; then
   fi
   rm -f "$STATE/operator.pid"
 fi
-.venv/bin/python -m hpd_devcluster down
+.venv/bin/python -m hpd_devcluster --name "${HPD_DEMO_CLUSTER:-default}" down

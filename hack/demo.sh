@@ -1,86 +1,115 @@
 #!/usr/bin/env bash
-# The demo: install, bring the local control plane up (real kube-apiserver + kwok fake GPU nodes), install the chart
-# (CRD, ServiceAccount, RBAC), run the operator in the background with the chart's ServiceAccount token, apply the
-# seed's Nemotron-3-Nano example, wait until it is Ready, and show what the operator generated.
+# The demo: the local control plane with one real node (a kubelet, containerd, kube-proxy and CoreDNS on this
+# machine; no kwok node), the chart installed with the operator running as the chart's pod, the example CR
+# (examples/nemotron-3-nano.yaml) turned Ready by the real probes, then one completion sent through the CR's endpoint
+# Service, with proof that it went prefill -> decode.
+# The engine is the CPU stand-in (a test-only variant of the vllm image whose vLLM is tests/runtime/fake_vllm.py:
+# no GPU, no model, made-up tokens); everything around it (operator, router, hpd_runtime's warmup, probes, pair
+# check, P->D hand-off over the pods' network) is the real thing.
+# Root: the real node runs containers (hack/real-node-tools.sh installs containerd, runc, CNI plugins from Debian).
 # Stop everything with `make down` (hack/demo-down.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$(date +%s)
 hack/setup.sh
+hack/real-node-tools.sh
 . .venv/bin/activate
-STATE=${HPD_DEMO_STATE:-$HOME/.cache/hybrid-pd/demo}
-mkdir -p "$STATE"
-python -m hpd_devcluster up
-eval "$(python -m hpd_devcluster env)"
+NAME=${HPD_DEMO_CLUSTER:-default}
+CR=nemotron-3-nano
+python -m hpd_devcluster --name "$NAME" up --real-node --nodes 0
+eval "$(python -m hpd_devcluster --name "$NAME" env)"
 echo
-echo "== GPU nodes (kwok)"
-kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
+echo "== nodes (one real node: kubelet + containerd + kube-proxy + CoreDNS here; nvidia.com/gpu advertised, no GPU)"
+kubectl get nodes -o wide
 
 echo
-echo "== helm chart (CRD, ServiceAccount, RBAC; kwok runs the operator's pod as a stand-in)"
+echo "== images (built with buildah, imported into the node's containerd: no registry)"
+refs=$(python -m hpd_devcluster --name "$NAME" load-images)
+ref() { python -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$refs" "$1"; }
+OPERATOR=$(ref operator) ROUTER=$(ref router) ENGINE=$(ref engine)
+echo "operator: $OPERATOR"
+echo "router:   $ROUTER"
+echo "engine:   $ENGINE   <- the CPU stand-in (test-only, never released)"
+
+echo
+echo "== helm chart (the operator runs as the chart's pod on the real node)"
 crd=crd/hybridpddeployments.hybridpd.io
-if kubectl get "$crd" >/dev/null 2>&1; then  # a CRD applied with kubectl earlier: hand it to the release (docs/install.md)
-  kubectl annotate --overwrite "$crd" meta.helm.sh/release-name=hpd meta.helm.sh/release-namespace=hpd-system >/dev/null
-  kubectl label --overwrite "$crd" app.kubernetes.io/managed-by=Helm >/dev/null
-fi
-helm upgrade --install hpd charts/hybrid-pd-operator -n hpd-system --create-namespace --wait --timeout 120s
+helm upgrade --install hpd charts/hybrid-pd-operator -n hpd-system --create-namespace \
+  --set image.repository="${OPERATOR%:*}" --set image.tag="${OPERATOR##*:}" --set image.pullPolicy=Never \
+  --set images.vllm="$ENGINE" --set images.router="$ROUTER" --wait --timeout 300s
 kubectl wait --for=condition=Established --timeout=30s "$crd"
-# The operator below runs on this machine with the chart's ServiceAccount token, so the chart's RBAC is what it has.
-cp "$KUBECONFIG" "$STATE/operator.kubeconfig"
-KUBECONFIG="$STATE/operator.kubeconfig" kubectl config set-credentials hpd-operator \
-  --token="$(kubectl -n hpd-system create token hpd-hybrid-pd-operator --duration=24h)" >/dev/null
-KUBECONFIG="$STATE/operator.kubeconfig" kubectl config set-context --current --user=hpd-operator >/dev/null
+kubectl -n hpd-system get pods -o wide
 
 echo
-echo "== operator (background; log: $STATE/operator.log, pid: $STATE/operator.pid)"
-if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then
-  echo "already running (pid $(cat "$STATE/operator.pid"))"
-else
-  KUBECONFIG="$STATE/operator.kubeconfig" nohup python -m hpd_operator run \
-    --metrics-port "${HPD_DEMO_METRICS_PORT:-9090}" --liveness-port "${HPD_DEMO_LIVENESS_PORT:-8080}" \
-    >"$STATE/operator.log" 2>&1 &
-  echo $! >"$STATE/operator.pid"
-  echo "started (pid $!)"
-fi
-
-echo
-echo "== apply examples/nemotron-3-nano.yaml"
+echo "== apply examples/$CR.yaml (engine requests sized for this 2-core machine)"
 # the chart's rbac.fence (on by default): the operator writes only in namespaces a namespace admin opted in
 kubectl label --overwrite namespace default hybridpd.io/operator-writes=allowed >/dev/null
-kubectl apply -f examples/nemotron-3-nano.yaml
-# Generous for a slow machine (kwok turns pods Ready in seconds; a first CR right after the CRD's creation waits for
-# one retry of the operator's backoff); on failure, the operator's own reasons first.
-if ! kubectl wait --for=condition=Ready --timeout="${HPD_DEMO_WAIT:-300s}" hpd/nemotron-3-nano; then
-  echo "not Ready in time. The CR's conditions (the operator's own reasons):" >&2
-  kubectl get hpd nemotron-3-nano \
-    -o jsonpath='{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 || true
-  echo "Events:" >&2
-  kubectl get events --field-selector involvedObject.name=nemotron-3-nano >&2 || true
+python - "$CR" <<'EOF' | kubectl apply -f -
+import json, sys, yaml
+cr = yaml.safe_load(open(f"examples/{sys.argv[1]}.yaml"))
+for role in ("prefill", "decode"):  # the example asks 4 CPUs and 32 GiB per engine pod; the stand-in needs little
+    cr["spec"][role]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+print(json.dumps(cr))
+EOF
+fail() {
+  echo "FAILED: $1. The CR's conditions (the operator's own reasons):" >&2
+  kubectl get hpd "$CR" -o jsonpath='{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 || true
+  echo "Pods and their reasons:" >&2
+  kubectl get pods -A -o jsonpath='{range .items[*]}  {.metadata.namespace}/{.metadata.name} {.status.phase} {range .status.containerStatuses[*]}{.state.waiting.reason}{.state.terminated.reason} {.lastState.terminated.reason}{end} {range .status.conditions[?(@.status=="False")]}{.type}:{.reason} {.message}; {end}{"\n"}{end}' >&2 || true
+  echo "Events (Warning):" >&2
+  kubectl get events -A --field-selector type=Warning >&2 || true
   echo "operator log tail:" >&2
-  tail -40 "$STATE/operator.log" >&2
+  kubectl -n hpd-system logs deploy/hpd-hybrid-pd-operator --tail=40 >&2 || true
   exit 1
+}
+if ! kubectl wait --for=condition=Ready --timeout="${HPD_DEMO_WAIT:-600s}" "hpd/$CR"; then
+  fail "not Ready in time"
 fi
 echo
 kubectl get hpd
-echo
-echo "== children"
-kubectl get deploy,svc,sa,role,rolebinding,pdb,pods -l app.kubernetes.io/instance=nemotron-3-nano -o wide
+kubectl get pods -l "app.kubernetes.io/instance=$CR" -o wide
 
-for role in prefill decode; do
-  pod=$(kubectl get pods -l "app.kubernetes.io/instance=nemotron-3-nano,app.kubernetes.io/component=$role" \
-    -o jsonpath='{.items[0].metadata.name}')
-  echo
-  echo "== $role pod $pod: command line"
-  kubectl get pod "$pod" -o json | python -c '
-import json, shlex, sys
-c = json.load(sys.stdin)["spec"]["containers"][0]
-print(shlex.join(c.get("command", []) + c.get("args", [])))
-print()
-print("env:")
-for e in c.get("env", []):
-    v = json.dumps(e["valueFrom"]) if "valueFrom" in e else e.get("value", "")
-    print("  " + e["name"] + "=" + v)
-print("resources:", json.dumps(c.get("resources")))'
-done
 echo
-echo "The cluster and the operator keep running:  eval \"\$(.venv/bin/python -m hpd_devcluster env)\"; kubectl get hpd"
-echo "Stop both:                                  make down   (hack/demo-down.sh)"
+echo "== one completion through the endpoint Service $CR (ClusterIP, routed by kube-proxy) -> router -> prefill -> decode"
+ip=$(kubectl get svc "$CR" -o jsonpath='{.spec.clusterIP}')
+port=$(kubectl get svc "$CR" -o jsonpath='{.spec.ports[0].port}')
+model=$(kubectl get hpd "$CR" -o jsonpath='{.spec.model.name}')
+rid="demo-$(date +%s)-$RANDOM"
+prompt="Hello from the hybrid-pd demo $rid"
+echo "POST http://$ip:$port/v1/completions  prompt: \"$prompt\""
+answer=$(curl -sS --fail-with-body --max-time 60 "http://$ip:$port/v1/completions" \
+  -H 'Content-Type: application/json' \
+  -d "{\"model\": \"$model\", \"prompt\": \"$prompt\", \"max_tokens\": 8}") \
+  || fail "the completion failed: $answer"
+echo "answer: $answer"
+
+echo
+echo "== proof: what each engine pod received for this request (the stand-in records every request: GET /_requests)"
+vport=$(kubectl get pods -l "app.kubernetes.io/instance=$CR,app.kubernetes.io/component=prefill" \
+  -o jsonpath='{.items[0].spec.containers[0].ports[0].containerPort}')
+PROOF=$(cat <<'EOF'
+import json, sys
+role, pip, prompt = sys.argv[1:4]
+hits = [r for r in json.load(sys.stdin) if (r.get("body") or {}).get("prompt") == prompt]
+for r in hits:
+    body = r["body"]
+    kv = json.dumps(body.get("kv_transfer_params"))
+    print(f"{role} pod {pip}: {r['path']} X-Request-Id={r.get('request_id')} max_tokens={body.get('max_tokens')}")
+    print(f"    kv_transfer_params={kv}")
+sys.exit(0 if hits else 1)
+EOF
+)
+proof=0
+for role in prefill decode; do
+  for pip in $(kubectl get pods -l "app.kubernetes.io/instance=$CR,app.kubernetes.io/component=$role" \
+      --field-selector=status.phase=Running -o jsonpath='{.items[*].status.podIP}'); do
+    curl -sS --max-time 10 "http://$pip:$vport/_requests" | python -c "$PROOF" "$role" "$pip" "$prompt" && proof=$((proof + 1))
+  done
+done
+[ "$proof" -ge 2 ] || fail "the request did not reach both a prefill and a decode pod"
+echo
+echo "The engine is the CPU stand-in (fake_vllm): the tokens are made up; the path (Service -> router -> prefill ->"
+echo "decode with prefill's kv_transfer_params) is the operator's, run by a real kubelet."
+echo "demo took $(( $(date +%s) - start )) s"
+echo "The cluster keeps running:  eval \"\$(.venv/bin/python -m hpd_devcluster env)\"; kubectl get hpd"
+echo "Stop it:                    make down   (hack/demo-down.sh)"
