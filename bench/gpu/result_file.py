@@ -2,7 +2,7 @@
 schema asks for (tests/unit/test_bench_results.py), the burst command, the request counts of the steps that send
 requests (fallback, orphans, load, ttft, sweep, cold's checks), and the runs with their command lines.
 
-    python3 bench/gpu/result_file.py RESULT_JSON OUT_JSON --command "..." --model "..." --mode eager --note "..."
+    python3 bench/gpu/result_file.py OUT_JSON RESULT_JSON [RESULT_JSON ...] --command "..." --model "..." --mode eager --note "..."
 """
 
 from __future__ import annotations
@@ -49,24 +49,29 @@ def counts(run: dict[str, Any]) -> tuple[int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("result", type=Path)
     ap.add_argument("out", type=Path)
+    ap.add_argument("results", type=Path, nargs="+", help="result.json of each run.py invocation of the call")
     ap.add_argument("--command", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--mode", required=True, choices=("eager", "compile"))
     ap.add_argument("--note", default="")
     ap.add_argument("--device-call", default="")
     a = ap.parse_args()
-    rep = json.loads(a.result.read_text())
+    reps = [json.loads(r.read_text()) for r in a.results]
+    rep = reps[0]
     topo = rep.get("topology") or {}
+    runs: dict[str, Any] = {}
+    for i, r in enumerate(reps):  # several invocations in one call: their runs in order, keys kept apart
+        for k, v in r["runs"].items():
+            runs[k if k not in runs else f"{k} (invocation {i + 1})"] = {**v, "run_py_command": r.get("command")}
     sent = failed = 0
-    for run in rep["runs"].values():
+    for run in runs.values():
         s, f = counts(run)
         sent, failed = sent + s, failed + f
     out = {
         "date": rep.get("date"),
         "command": a.command,
-        "run_py_command": rep.get("command"),
+        "run_py_command": [r.get("command") for r in reps],
         "setup": {
             "machine": "nvidia-h200: 1x H200",
             "model": a.model,
@@ -82,7 +87,7 @@ def main() -> int:
         "device_call": a.device_call,
         "gpu": rep.get("gpu"),
         "host_substitutions": rep.get("host_substitutions"),
-        "runs": rep["runs"],
+        "runs": runs,
     }
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(a.out, "requests", out["requests"])
