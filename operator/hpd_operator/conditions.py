@@ -101,6 +101,9 @@ class Reason(StrEnum):
     RISKY_SPEC = "RiskySpec"
     """Not fatal, deployed anyway (Warning Event, status.profile.warnings): e.g. an image tag naming another vLLM
     release than spec.vllmVersion, a spec.blockSize vLLM may raise."""
+    SHARED_HOST_PID_NAMESPACE = "SharedHostPIDNamespace"
+    """A Warning Event, once per CR generation: spec.kvTransfer.processNamespace is Host, every engine pod runs in
+    the node's PID namespace (a security trade for cuda_ipc between same-node pods: hpd_operator.api.processns)."""
     STATUS_WRITE_FAILED = "StatusWriteFailed"
     """The apiserver refused the CR's status (Event only: the status could not say it), e.g. a spec too large to
     store a status beside it."""

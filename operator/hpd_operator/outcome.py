@@ -13,6 +13,7 @@ from kubernetes import client
 from hpd_operator import apply as k8s
 from hpd_operator import generations, metrics, podevents, report
 from hpd_operator.api.names import kv_reporter_name
+from hpd_operator.api.processns import security_event
 from hpd_operator.conditions import Reason
 from hpd_operator.context import Run, TransientError
 from hpd_operator.scaling import Bounds, autoscaled_roles, autoscaler_status
@@ -124,6 +125,8 @@ def write_report(run: Run) -> dict[str, Any]:
     if new_generation and run.profile is not None:  # once per spec change, not per reconcile
         for warning in run.profile.warnings:
             report.event(run.api, run.body, "Warning", Reason.RISKY_SPEC, warning)
+        if run.cr is not None and (trade := security_event(run.cr.spec.kv_transfer)) is not None:
+            report.event(run.api, run.body, "Warning", *trade)
     for type_, reason, message in transitions(previous, status["conditions"]):
         report.event(run.api, run.body, type_, reason, message)
     for type_, reason, message in generations.rollout_transitions(previous_rollout, status.get("rollout")):

@@ -23,6 +23,7 @@ from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import kv_reporter_name, role_name
 from hpd_operator.api.paircheck import PairCheck, pair_check
+from hpd_operator.api.processns import profile_reason, shares_host_pid
 from hpd_operator.modelinfo import disk_plan
 from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
 from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, RoleWriter
@@ -52,6 +53,7 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     chunk = _chunk_env(s, valid)
     fabric = _fabric_env(s, valid, role)
     devices, caps = _fabric_pod(s, valid)
+    host_pid = _process_namespace_pod(s, valid)
     _disk_pod(s, valid)
     _image_pod(s, valid)
     env = side_channel + layout + _ucx_env(s, valid) + fabric + _runtime_env(s, valid, role) + chunk
@@ -66,6 +68,7 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
         injections=tuple(s.injections),
         devices=devices,
         capabilities=caps,
+        host_pid=host_pid,
         nodes=rs.nodes_per_replica,
         gpus_per_pod=rs.gpus_per_pod,
         worker_args=workers,
@@ -154,6 +157,15 @@ def _fabric_pod(s: RoleWriter, valid: Validated) -> tuple[tuple[tuple[str, int],
         "(the namespace must allow privileged pods)",
     )
     return ((rdma.resource_name, rdma.count),), (c.RDMA_CAPABILITY,)
+
+
+def _process_namespace_pod(s: RoleWriter, valid: Validated) -> bool:
+    """spec.kvTransfer.processNamespace Host: the node's PID namespace (hostPID), recorded with its security trade;
+    the default (each pod its own) is written by the builders and not listed."""
+    if not shares_host_pid(valid.spec.kv_transfer):
+        return False
+    s.pod("hostPID", "true", profile_reason())
+    return True
 
 
 def _disk_pod(s: RoleWriter, valid: Validated) -> None:

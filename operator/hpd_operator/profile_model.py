@@ -55,6 +55,8 @@ class RoleProfile(_Frozen):
     """Extended resources the fabric needs per pod (limits = requests), e.g. (("rdma/ib", 1),)."""
     capabilities: tuple[str, ...] = ()
     """Linux capabilities the fabric adds to the vLLM container (everything else stays dropped)."""
+    host_pid: bool = False
+    """The pod runs in the node's PID namespace (spec.kvTransfer.processNamespace Host: hpd_operator.api.processns)."""
     nodes: int = 1
     """Pods of one replica: 1, or the nodes a replica spans (a LeaderWorkerSet group of this size)."""
     gpus_per_pod: int = 1

@@ -20,6 +20,7 @@ from typing import Any
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.api.names import endpoint_url, selector_string
 from hpd_operator.api.paircheck import pair_check
+from hpd_operator.api.processns import data_path_note
 from hpd_operator.conditions import (
     COMPONENT_CONDITION,
     FAILURE_REASONS,
@@ -244,6 +245,8 @@ def _data_path_condition(
         measured = f"pod {kv['pod']}: {kv.get('message')}" if kv else "decode's /readyz names the measured rate"
         msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "
                f"KV over fabric {fabric.fabric} ({measured})")  # fmt: skip
+        if note := data_path_note(fabric):
+            msg += f"; {note}"
         slow = bool(kv and kv.get("belowFloor"))
         return condition(ctype, True, Reason.KV_PATH_BELOW_FLOOR if slow else Reason.DATA_PATH_VERIFIED, msg)
     msg = f"{decode.ready}/{decode.desired} decode replica(s) verified P->D; {canary}"

@@ -70,6 +70,11 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         {"model": M, "kvTransfer": {"fabric": "rdma", "rdma": {"resourceName": "rdma/ib"}, "ucx": {"tls": "tcp,cuda_copy"}}},
         "leaves out every InfiniBand/RoCE transport",
     ),
+    (
+        "host-pid-namespace-needs-cuda-ipc",
+        {"model": M, "kvTransfer": {"processNamespace": "Host", "ucx": {"tls": "tcp,cuda_copy"}}},
+        "kvTransfer.processNamespace Host shares the node's PID namespace only so that UCX can use cuda_ipc",
+    ),
     ("cache-pvc-needs-claim", {"model": M, "cache": {"type": "pvc"}}, "cache.claimName is required"),
     (
         "one-model-source",
@@ -235,6 +240,10 @@ GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("extra-args-allowed", {"model": M, "extraArgs": ["--enforce-eager", "--model-impl", "vllm"]}),
+    (  # the node's PID namespace, opted in, with a UCX transport list that keeps cuda_ipc
+        "host-pid-namespace-with-cuda-ipc",
+        {"model": M, "kvTransfer": {"processNamespace": "Host", "ucx": {"tls": "tcp,cuda_copy,cuda_ipc"}}},
+    ),
     (
         "pod-template-allowed",
         {

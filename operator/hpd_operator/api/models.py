@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from hpd_operator.api import constants as c
+from hpd_operator.api.processns import ProcessNamespace
 from hpd_operator.api.rules import QUANTITY_PATTERN, cel_rules
 from hpd_operator.api.signals import SignalName
 from hpd_runtime import contract
@@ -446,6 +447,17 @@ class KvTransferSpec(_Model):
     """UCX transport env for NIXL."""
     load_failure_policy: Literal["fail", "recompute"] = "fail"
     """What decode does when a KV load fails: finish the request with an error, or recompute the prefill."""
+    process_namespace: ProcessNamespace = "Pod"
+    """The PID namespace of every engine pod (prefill and decode, a multi-node role's leaders and workers). `Pod`
+    (the default): each pod its own; a prefill and a decode on the same node then cannot use UCX's cuda_ipc (it opens
+    the peer's CUDA IPC handle only within one PID namespace) and KV moves over UCX's TCP emulation (~0.4 GB/s).
+    `Host`, a security trade: every engine pod runs with `hostPID: true`, sees every process of the node (their
+    command lines and environment, other tenants' included) and can signal those of its uid; Pod Security baseline
+    and restricted refuse it, so the namespace must admit privileged pods. It buys cuda_ipc (10-20 GB/s on an H200)
+    between a prefill and a decode that land on the same node, nothing across nodes; it does not place them together
+    (spec.<role>.affinity does). Named in status.profile, the DataPathVerified message and a Warning Event
+    (SharedHostPIDNamespace) per generation. podTemplate's hostPID stays refused: this field is the only way
+    (docs/kv-topologies.md)."""
 
 
 class RouterServiceSpec(_Model):

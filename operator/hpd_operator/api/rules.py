@@ -140,6 +140,8 @@ _ENGINE_PORTS = (contract.VLLM_PORT, contract.RUNTIME_PORT)
 UCX_AM_TLS: Final = r"(^|,)(all|tcp|sm|shm|posix|sysv|ib|rc[a-z_0-9]*|ud[a-z_0-9]*|dc[a-z_0-9]*)(,|$)"
 """A UCX_TLS list that names a transport with active messages (RE2, CEL `matches`; `^...` excludes instead)."""
 UCX_IB_TLS: Final = r"(^|,)(all|ib|rc[a-z_0-9]*|ud[a-z_0-9]*|dc[a-z_0-9]*)(,|$)"
+UCX_CUDA_IPC_TLS: Final = r"(^|,)(all|cuda|cuda_ipc)(,|$)"
+"""A UCX_TLS list that lets UCX use cuda_ipc (`cuda` names cuda_copy and cuda_ipc)."""
 
 
 def _tls_lacks(kv: Any, pattern: str) -> bool:
@@ -546,6 +548,16 @@ RULES: Final[tuple[Rule, ...]] = (
         "is rdma: KV would move over TCP",
         field=".ucx.tls",
         check=_when(lambda k: k.fabric == "rdma" and _tls_lacks(k, UCX_IB_TLS), ".ucx.tls"),
+    ),
+    Rule(
+        id="host-pid-namespace-needs-cuda-ipc",
+        scope="kvTransfer",
+        cel=f"!has(self.processNamespace) || self.processNamespace != 'Host' || !has(self.ucx) || !has(self.ucx.tls) "
+        f"|| self.ucx.tls.startsWith('^') || self.ucx.tls.matches('{UCX_CUDA_IPC_TLS}')",
+        message="kvTransfer.processNamespace Host shares the node's PID namespace only so that UCX can use cuda_ipc, "
+        "and kvTransfer.ucx.tls leaves cuda_ipc out (add cuda_ipc, or keep processNamespace Pod)",
+        field=".processNamespace",
+        check=_when(lambda k: k.process_namespace == "Host" and _tls_lacks(k, UCX_CUDA_IPC_TLS), ".processNamespace"),
     ),
     Rule(
         id="autoscaling-min-not-above-max",

@@ -64,6 +64,13 @@ POD_SECURITY_DEFAULTS: dict[str, Any] = {"hostNetwork": False, "hostPID": False,
 """The pod shares no namespace with the node."""
 
 
+def host_namespaces(host_pid: bool) -> dict[str, Any]:
+    """What an engine pod changes of POD_SECURITY_DEFAULTS: `hostPID: true` only where the profile says so
+    (spec.kvTransfer.processNamespace Host, hpd_operator.api.processns); nothing otherwise, so a CR that does not opt
+    in renders exactly as before."""
+    return {"hostPID": True} if host_pid else {}
+
+
 def container_security_context(uid: int, **extra: Any) -> dict[str, Any]:
     """The restricted container securityContext of every child container (PSS `restricted`), owned field by field.
     The user, runAsNonRoot and seccompProfile repeat the pod's: a container's own value overrides the pod's, so a

@@ -26,6 +26,7 @@ from hpd_operator.builders.common import (
     Manifest,
     container_security_context,
     deep_merge,
+    host_namespaces,
     labels,
     metadata,
 )
@@ -241,6 +242,7 @@ def _engine_pod_spec(
         **({"serviceAccountName": kv_reporter_name(cr.metadata.name)} if reports else {}),
         "automountServiceAccountToken": reports,
         **POD_SECURITY_DEFAULTS,
+        **host_namespaces(profile.role(role).host_pid),
         "containers": [_engine_container(cr, profile, role, mounts, group_role)],
         "volumes": volumes,
         "securityContext": {
