@@ -196,9 +196,11 @@ VERSION_RULES: Final[tuple[VersionRule, ...]] = (
         "wrong output), #41383 (the lease that replaces it, 0.22)",
         note="VLLM_NIXL_ABORT_REQUEST_TIMEOUT stays at its 480 s: prefill holds the KV of a request whose decode "
         "died that long, but no decode heartbeat extends it in this version, so a shorter one frees the blocks of "
-        "requests still queued on a busy live decode, which then reads freed blocks (#21570); the router drops a "
-        "dead decode within ~2 s, so few requests are orphaned (the bench's decode restart, 0.20: prefill KV "
-        "usage 0.62% after ~125 orphaned requests, tiny model: bench/results/2026-12-02-gpu-decode-restart.json)",
+        "requests still queued on a busy live decode, which then reads freed blocks (#21570); degraded mode takes "
+        "the endpoint off the router 0.2 s after a decode's SIGTERM, so only the requests in flight then are "
+        "orphaned (2 of 2,345 in the bench's decode restart, 0.20, roles in separate PID namespaces: "
+        "bench/results/2026-12-03-gpu-degraded-restart-decode-pods.json), and a shorter timeout frees nothing on an "
+        "idle prefill before its next engine step (30 s set: released after ~70 s, same file)",
         hybrid_only=False,
     ),
     VersionRule(
