@@ -9,8 +9,8 @@ need=()
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
-[ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ldd /bin/busybox 2>&1 | grep -q 'not a dynamic' \
-  || need+=(busybox-static)
+# busybox-static (not Debian's dynamic busybox): the tests' image copies /bin/busybox alone onto an empty root
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need+=(busybox-static)
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi
