@@ -56,35 +56,32 @@ def _record_timing(name: str, up_s: float, down_s: float) -> None:
 
 
 REAL_NODE_GROUP = "real-node"
-"""The xdist group of every tests/cluster/test_real_node*.py test: the real node's kubelet, containerd and CNI bridge
+"""The xdist scope of every tests/cluster/test_real_node*.py test: the real node's kubelet, containerd and CNI bridge
 are one per machine (realnode.py), so those tests all run in one worker, one after another."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup` (hack/test.sh), which tests must share a worker:
+def xdist_scope(nodeid: str) -> str:
+    """Which tests share a worker under `pytest -n N`: the tests of one module (its module-scoped fixtures, a built
+    image, a LeaderWorkerSet controller, a Prometheus, are made once), and all the real-node modules together.
 
-    - the real-node tests (one real node per machine): the group `real-node`;
-    - the tests that use a module-scoped fixture (a built image, a started LeaderWorkerSet controller, a
-      Prometheus) are one group per module, so the fixture is made once and not once per worker that got one.
-
-    Every other test goes to whichever worker is free (tests only share their worker's control plane, each in a
-    fresh namespace). An explicit xdist_group mark in a test file wins."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = item.path
-        if path.parent.name == "cluster" and path.name.startswith("test_real_node"):
-            item.add_marker(pytest.mark.xdist_group(REAL_NODE_GROUP))
-        elif _has_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(f"module:{path.relative_to(REPO)}"))
+    A scheduler of our own (below), not `xdist_group` marks with `--dist loadgroup`: pytest-xdist 3.8 groups by
+    rewriting `item._nodeid`, which pytest 9 no longer reads (a node's id is `_id`), so its groups are silently
+    ignored (measured: a marked group spread over 3 workers)."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/cluster/") and path.rsplit("/", 1)[-1].startswith("test_real_node"):
+        return REAL_NODE_GROUP
+    return path
 
 
-def _has_module_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(d.scope in ("module", "package", "class") for defs in info.name2fixturedefs.values() for d in defs)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under `-n N`: whole scopes (`xdist_scope`) go to one worker each, the next to whichever worker is free."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return Scopes(config, log)
 
 
 @pytest.fixture(scope="session")
