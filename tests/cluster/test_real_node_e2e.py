@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -32,6 +33,7 @@ from .conftest import Operator
 from .kube import CRD, get_cr, kubectl, patch_spec, seed, wait_ready
 
 CR = "e2e"
+CRD_NAME = "hybridpddeployments.hybridpd.io"
 READY_S = 600  # a loaded 2-core machine: pods start, warm up and pair-check one after another
 
 
@@ -53,18 +55,20 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
         realnode.start(state, taint=False, gpus=8)
         refs = realnode.load_images(state, ("router",))
         kubectl(state.kubeconfig, "apply", "--server-side", "-f", str(CRD))
-        kubectl(
-            state.kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/hybridpddeployments.hybridpd.io",
-        )
         cfg = client.Configuration()
         config.load_kube_config(config_file=str(state.kubeconfig), client_configuration=cfg)
         api = client.ApiClient(cfg)
+        ext = client.ApiextensionsV1Api(api)
+        # polled, not `kubectl wait` (which fails at once when it runs before the CRD's first status)
+        wait_for(lambda: any(c.type == "Established" and c.status == "True"
+                             for c in ext.read_custom_resource_definition(CRD_NAME).status.conditions or []),
+                 60, what="the CRD Established")  # fmt: skip
         ns = "e2e"
-        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        restricted = {"pod-security.kubernetes.io/enforce": "restricted",
+                      "pod-security.kubernetes.io/enforce-version": "latest"}  # fmt: skip
+        client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=ns, labels=restricted))
+        )
         log = tmp_path_factory.mktemp("e2e") / "operator.log"
         op = Operator(
             state.kubeconfig, ns, log, extra=("--vllm-image", refs["engine"], "--router-image", refs["router"])
@@ -153,6 +157,25 @@ def test_a_request_goes_service_router_prefill_decode(e2e: E2E, ready_cr: dict[s
     assert "prefill=none" not in str(answer.get("system_fingerprint")), answer
 
 
+def test_restricted_namespace_admits_the_pods_and_their_roots_are_read_only(e2e: E2E, ready_cr: dict[str, Any]) -> None:
+    """The module's namespace enforces Pod Security `restricted` (the apiserver's admission refused nothing: the
+    pods run); the kubelet runs each container with the read-only root the operator renders: writing there fails,
+    the cache volume is writable."""
+    labels = client.CoreV1Api(e2e.api).read_namespace(e2e.ns).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for role in ("prefill", "decode", "router"):
+        (pod, *_) = pods(e2e, role)
+        c = pod.spec.containers[0]
+        assert c.security_context.read_only_root_filesystem is True, (role, c.security_context)
+        wrote = kubectl(e2e.state.kubeconfig, "-n", e2e.ns, "exec", pod.metadata.name, "--", "sh", "-c",
+                        "touch /root-write-probe 2>&1 && echo root=writable || echo root=read-only")  # fmt: skip
+        assert "root=read-only" in wrote.stdout, (role, wrote.stdout)
+    (engine,) = pods(e2e, "prefill")
+    cache = kubectl(e2e.state.kubeconfig, "-n", e2e.ns, "exec", engine.metadata.name, "--", "sh", "-c",
+                    'echo ok > "$HPD_CACHE_DIR/write-probe" && echo cache=writable')  # fmt: skip
+    assert "cache=writable" in cache.stdout, cache.stdout
+
+
 @dataclass
 class Traffic:
     """`workers` loops of one request at a time to the endpoint until stopped: bounded, `workers` in flight at most."""
@@ -161,6 +184,8 @@ class Traffic:
     workers: int = 2
     sent: int = 0
     failed: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    """Each answer's id: vllm-router's `cmpl-___prefill_addr_<ip:port>___decode_addr_<ip:port>_<uuid>`."""
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -168,8 +193,9 @@ class Traffic:
     def _loop(self) -> None:
         while not self.stop.is_set():
             prompt = unique_prompt()
+            answer_id = ""
             try:
-                complete(self.e, prompt, max_tokens=2)
+                answer_id = str(complete(self.e, prompt, max_tokens=2).get("id"))
                 err = None
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 body = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else ""
@@ -178,6 +204,8 @@ class Traffic:
                 self.sent += 1
                 if err:
                     self.failed.append(err)
+                else:
+                    self.answers.append(answer_id)
             time.sleep(0.05)
 
     def __enter__(self) -> Traffic:
@@ -234,6 +262,58 @@ def test_scale_down_under_traffic_drains_inside_the_grace_period(e2e: E2E, ready
         wait_answers(traffic, 10)
     print(f"decode 2 -> 1 under traffic: {traffic.sent} requests, {len(traffic.failed)} failed: {traffic.failed}")
     assert traffic.failed == []
+
+
+def test_rollout_under_traffic_fails_nothing_and_never_mixes_generations(e2e: E2E, ready_cr: dict[str, Any]) -> None:
+    """A pod-template change (a new generation) under traffic: no request fails, and every answer's prefill and
+    decode pods (named in vllm-router's answer id) are of one generation."""
+    core, gen_label = client.CoreV1Api(e2e.api), "hybridpd.io/generation"
+    sel = f"app.kubernetes.io/instance={CR}"
+    old = {p.metadata.labels[gen_label] for p in pods(e2e, "decode")}
+    generation_of: dict[str, str] = {}
+    done = threading.Event()
+
+    def map_ips() -> None:  # pod IP -> generation, for every engine pod seen (host-local does not reuse at once)
+        while not done.is_set():
+            for p in core.list_namespaced_pod(e2e.ns, label_selector=sel).items:
+                if p.status.pod_ip and gen_label in (p.metadata.labels or {}):
+                    generation_of[p.status.pod_ip] = p.metadata.labels[gen_label]
+            done.wait(0.3)
+
+    mapper = threading.Thread(target=map_ips, daemon=True)
+    mapper.start()
+    try:
+        with Traffic(e2e) as traffic:
+            wait_answers(traffic, 10)
+            patch_spec(e2e.api, e2e.ns, CR, {"env": [{"name": "E2E_ROLLOUT", "value": "2"}]})
+
+            def rolled() -> bool:
+                engines = [
+                    p
+                    for p in core.list_namespaced_pod(e2e.ns, label_selector=sel).items
+                    if (p.metadata.labels or {}).get("app.kubernetes.io/component") in ("prefill", "decode")
+                ]
+                return bool(engines) and all(p.metadata.labels.get(gen_label) not in old for p in engines)
+
+            wait_for(rolled, READY_S, what="the old generation's engine pods gone")
+            wait_ready(e2e.api, e2e.ns, CR, timeout=READY_S)
+            wait_answers(traffic, 10)
+    finally:
+        done.set()
+        mapper.join(timeout=10)
+    mixed, pairs = [], set()
+    for answer_id in traffic.answers:
+        m = re.search(r"prefill_addr_([\d.]+):\d+___decode_addr_([\d.]+):\d+", answer_id)
+        assert m, answer_id
+        p_gen, d_gen = generation_of.get(m[1]), generation_of.get(m[2])
+        pairs.add((p_gen, d_gen))
+        if p_gen != d_gen or p_gen is None:
+            mixed.append(answer_id)
+    print(f"rollout under traffic: {traffic.sent} requests, {len(traffic.failed)} failed: {traffic.failed}; "
+          f"(prefill, decode) generations answered: {sorted(pairs, key=str)}; mixed: {mixed}")  # fmt: skip
+    assert traffic.failed == []
+    assert mixed == []
+    assert any(p not in old for p, _ in pairs), "no answer from the new generation"
 
 
 def test_the_decode_kv_report_posted_with_the_projected_token_reaches_status(
