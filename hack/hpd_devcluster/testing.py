@@ -7,8 +7,12 @@ that dumps the test's namespace: its CRs' conditions, workloads, pods and Events
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -79,3 +83,24 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise WaitTimeout(timeout_message(what, timeout, checks, last, show))
         time.sleep(interval)
+
+
+def kill_with_children(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `proc` and its direct children with their process groups: a launcher or container runner that starts
+    its child in a session of its own (start_new_session) would otherwise leave that child running after the test."""
+    for child in children(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child, signal.SIGKILL)  # the child's session: its own children too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)  # a child that leads no group of its own
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (Linux /proc)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out

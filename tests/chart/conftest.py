@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import shutil
 import signal
 import socket
@@ -16,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hpd_devcluster.testing import kill_with_children
 
 from .helmkit import CHART, REPO, Helm
 
@@ -57,20 +57,7 @@ class OperatorProcess:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                # The runner starts the container in its own session: kill that group too, or it would outlive us.
-                for child in _children(self.proc.pid):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(child, signal.SIGKILL)
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in (task / "children").read_text().split()]
-    return out
+                kill_with_children(self.proc)  # the runner starts the container in a session of its own
 
 
 def free_port() -> int:

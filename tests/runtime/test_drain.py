@@ -18,7 +18,6 @@ workers, so the test calls the router's own `/remove_worker` a watch latency aft
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -34,6 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hpd_devcluster.testing import kill_with_children
 from hpd_operator.render import render
 from hpd_runtime import contract as c
 
@@ -109,25 +109,9 @@ class Engine:
         return time.monotonic() - t0
 
     def stop(self) -> None:
-        """SIGKILL the launcher and the vLLM it runs: the launcher starts vLLM in a session of its own
-        (launcher.py), so killing the launcher alone left the stand-ins running after the test."""
+        """SIGKILL the launcher and the vLLM it runs in a session of its own (launcher.py)."""
         if self.proc.poll() is None:
-            for child in _children(self.proc.pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(child, signal.SIGKILL)  # vLLM's session: its own children too
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-def _children(pid: int) -> list[int]:
-    """The direct children of `pid` (Linux /proc)."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in (task / "children").read_text().split()]
-    return out
+            kill_with_children(self.proc)
 
 
 @pytest.fixture
