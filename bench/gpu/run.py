@@ -1194,19 +1194,29 @@ def restart_decode(b: Bench, traffic: Traffic, d: Role) -> dict[str, Any]:
     p = b.roles["prefill"]
     res: dict[str, Any] = {"t_sigterm": traffic.now(), "prefill_before": prefill_state(p), "grace_s": b.grace()}
     traffic.set_phase("restart-down")
+    res["t_ready"] = bounce_decode(b, traffic, d, res)
+    traffic.set_phase("restart-after")
+    time.sleep(b.after_s)
+    return res | decode_after(b, d)
+
+
+def bounce_decode(b: Bench, traffic: Traffic, d: Role, res: dict[str, Any]) -> float:
+    """SIGTERM to decode's launcher (SIGKILL after the pod's grace, as the kubelet), started again at once with the
+    same argv, env and cache, waited for Ready; records exit and prefill's state in `res`, returns the Ready time."""
     t = time.perf_counter()
     res["exit_code"] = stop_role(d, b.grace())
     res["exit_s"], res["t_gone"] = round(time.perf_counter() - t, 1), traffic.now()
-    res["prefill_while_down"] = prefill_state(p)
+    res["prefill_while_down"] = prefill_state(b.roles["prefill"])
     start_role(d, b.out, f"{b.cr}-decode-restarted", b.base_env)
     wait_ready({d.name: d}, b.until(BOOT_TIMEOUT_S))
-    res["t_ready"], res["times"] = traffic.now(), role_times(d)
-    traffic.set_phase("restart-after")
-    time.sleep(b.after_s)
-    res["prefill_after"] = prefill_state(p)
-    res["pair_checks"] = pair_checks(d)
-    res["decode_log"] = log_scan(d, 0)
-    return res
+    res["times"] = role_times(d)
+    return traffic.now()
+
+
+def decode_after(b: Bench, d: Role) -> dict[str, Any]:
+    """What a decode restart leaves: prefill's state, the restarted decode's pair checks and its log."""
+    return {"prefill_after": prefill_state(b.roles["prefill"]), "pair_checks": pair_checks(d),
+            "decode_log": log_scan(d, 0)}  # fmt: skip
 
 
 def replace_decode(b: Bench, traffic: Traffic, old: Role, new: Role, router: Router) -> dict[str, Any]:
@@ -1490,13 +1500,7 @@ def fallback_step(b: Bench, router: Router, sampler: KvSampler) -> dict[str, Any
         traffic.set_phase("down", FALLBACK_CONCURRENCY)
         state["down"] = True
         res["t_sigterm"] = traffic.now()
-        t = time.perf_counter()
-        res["exit_code"] = stop_role(d, b.grace())
-        res["exit_s"], res["t_gone"] = round(time.perf_counter() - t, 1), traffic.now()
-        res["prefill_while_down"] = prefill_state(p)
-        start_role(d, b.out, f"{b.cr}-decode-restarted", b.base_env)
-        wait_ready({d.name: d}, b.until(BOOT_TIMEOUT_S))
-        res["t_decode_ready"], res["times"] = traffic.now(), role_times(d)
+        res["t_decode_ready"] = bounce_decode(b, traffic, d, res)
         t_back = time.perf_counter()
         while state["current"] != "router" and time.perf_counter() - t_back < 10:
             time.sleep(0.05)
@@ -1506,10 +1510,7 @@ def fallback_step(b: Bench, router: Router, sampler: KvSampler) -> dict[str, Any
         follower.join(5)
         res["traffic"] = traffic.finish()
     res["switches"] = switches
-    res["prefill_after"] = prefill_state(p)
-    res["pair_checks"] = pair_checks(d)
-    res["decode_log"] = log_scan(d, 0)
-    return res
+    return res | decode_after(b, d)
 
 
 def fallback_summary(res: dict[str, Any]) -> dict[str, Any]:
