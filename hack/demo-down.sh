@@ -4,7 +4,8 @@
 # bridge, sysctls, mounts, cgroups).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STATE=${HPD_DEMO_STATE:-$HOME/.cache/hybrid-pd/demo}
+# the same cache root as hpd_devcluster.build.cache_dir(), so `make down` with HPD_CACHE_DIR set looks in that cache
+STATE=${HPD_DEMO_STATE:-${HPD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hybrid-pd}/demo}
 if [ -f "$STATE/operator.pid" ]; then
   pid=$(cat "$STATE/operator.pid")
   if kill -0 "$pid" 2>/dev/null; then
