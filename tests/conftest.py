@@ -23,7 +23,7 @@ def devcluster() -> Iterator[object]:
     Reuses a running cluster named by $HPD_TEST_CLUSTER (for fast local iteration); otherwise starts its own and
     stops it at the end of the session. Binaries are built once into ~/.cache/hybrid-pd.
     """
-    from hpd_devcluster import cluster
+    from hpd_devcluster import cluster, lifecycle
 
     name = os.environ.get("HPD_TEST_CLUSTER")
     if name:
@@ -34,13 +34,13 @@ def devcluster() -> Iterator[object]:
         return
     name = f"pytest-{os.getpid()}"
     t0 = time.monotonic()
-    state = cluster.up(name)
+    state = lifecycle.up(name)
     up_s = time.monotonic() - t0
     try:
         yield state
     finally:
         t1 = time.monotonic()
-        cluster.down(name)
+        lifecycle.down(name)
         _record_timing(name, up_s, time.monotonic() - t1)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from hpd_devcluster import cluster
+from hpd_devcluster import cluster, lifecycle
 from hpd_operator.conditions import FAILURE_REASONS
 from hpd_runtime import contract
 
@@ -152,7 +152,7 @@ def control_plane(name: str | None) -> Iterator[cluster.ClusterState]:
             sys.exit(f"cluster {name!r} is not running: python -m hpd_devcluster --name {name} up --nodes 16")
         yield state
         return
-    with cluster.running(f"sweep-{os.getpid()}", cluster.NodePool(count=16)) as state:
+    with lifecycle.running(f"sweep-{os.getpid()}", cluster.NodePool(count=16)) as state:
         yield state
 
 

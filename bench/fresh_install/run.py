@@ -31,7 +31,7 @@ import yaml
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpd_devcluster import cluster
+from hpd_devcluster import lifecycle
 from hpd_devcluster.build import binaries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def free_port() -> int:
 
 def one_round(i: int, later_s: float, work: Path) -> dict[str, Any]:
     bins = binaries()
-    with cluster.running(f"fresh-bench-{os.getpid()}-{i}") as state:
+    with lifecycle.running(f"fresh-bench-{os.getpid()}-{i}") as state:
         kubeconfig = Path(state.kubeconfig)
         api = api_of(kubeconfig)
         run(

@@ -57,7 +57,7 @@ import yaml
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpd_devcluster import build, cluster, pki, versions
+from hpd_devcluster import build, cluster, lifecycle, pki, versions
 from hpd_operator import apply as k8s
 from hpd_operator.render import render
 from hpd_runtime import contract
@@ -519,7 +519,7 @@ def measure(n: int, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                     "extra_args": {k: list(v) for k, v in extra.items()}},
     }  # fmt: skip
     t_start = time.monotonic()
-    with cluster.running(name, pool, extra_args=extra) as state:
+    with lifecycle.running(name, pool, extra_args=extra) as state:
         out["cluster"]["up_seconds"] = round(time.monotonic() - t_start, 1)
         for who in (OPERATOR, BARE):
             pki.add_client(state.pki, who)

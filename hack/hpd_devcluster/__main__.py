@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from hpd_devcluster import build, cluster, lws, nodenet, realnode
+from hpd_devcluster import build, cluster, lifecycle, lws, nodenet, realnode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "load-images":
             return _load_images(args.name)
         elif args.command == "down":
-            stopped = cluster.down(args.name)
+            stopped = lifecycle.down(args.name)
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
         elif args.command == "restart":
             running = cluster.ClusterState.load(args.name)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 def _up(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     pool = cluster.NodePool(count=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product)
-    state = cluster.up(args.name, pool, timeout=args.timeout)
+    state = lifecycle.up(args.name, pool, timeout=args.timeout)
     if args.real_node:
         # no kwok node: every pod runs on the real node (the demo), which then advertises GPUs for them
         alone = args.nodes == 0

@@ -1,9 +1,11 @@
 """Start, inspect and stop a real local control plane on 127.0.0.1.
 
 etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok, each a child process in its own
-session, logs under `<cache>/clusters/<name>/logs/`, PIDs and ports in `state.json` so `down` (from any
-process) stops exactly what `up` started. kwok manages fake GPU nodes created here, so pods that request
-`nvidia.com/gpu` are scheduled and reach Running/Ready; pods that ask for more than a node has stay Pending.
+session, logs under `<cache>/clusters/<name>/logs/`, PIDs and ports in `state.json` so `teardown` (from any
+process) stops exactly what `start` started. Callers use lifecycle.py (`up`, `down`, `running`), which also
+stops a real node (realnode.py) before the control plane; this module knows nothing of the real node. kwok
+manages fake GPU nodes created here, so pods that request `nvidia.com/gpu` are scheduled and reach Running/Ready;
+pods that ask for more than a node has stay Pending.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,21 +208,19 @@ ExtraArgs = Mapping[str, Sequence[str]]
 """Extra command-line flags per process (a key of PROCESS_ORDER), after the defaults (a repeated flag wins)."""
 
 
-def up(
-    name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 120.0, extra_args: ExtraArgs | None = None
-) -> ClusterState:
-    """Bring the cluster `name` up (idempotent: a healthy running cluster is returned as is, whatever `extra_args`
-    say; the scale bench uses them for the apiserver's audit log and the controller-manager's client rate)."""
+def check_extra_args(extra_args: ExtraArgs | None) -> None:
     unknown = set(extra_args or {}) - set(PROCESS_ORDER)
     if unknown:
         raise ValueError(f"extra_args for unknown processes {sorted(unknown)}; known: {PROCESS_ORDER}")
-    pool = pool or NodePool()
-    existing = ClusterState.load(name)
-    if existing is not None:
-        if healthy(existing):
-            return existing
-        down(name)
 
+
+def start(
+    name: str = DEFAULT_NAME, pool: NodePool | None = None, timeout: float = 120.0, extra_args: ExtraArgs | None = None
+) -> ClusterState:
+    """Start a fresh control plane `name` (the directory of an earlier one is replaced; its logs kept when a start
+    is retried). Whatever ran there must be stopped first: lifecycle.up does that (a stale real node included)."""
+    check_extra_args(extra_args)
+    pool = pool or NodePool()
     bins = build.ensure_binaries()
     attempts = 3
     for attempt in range(1, attempts + 1):
@@ -406,19 +406,10 @@ def restart(state: ClusterState, process: str, grace: float = 3.0, timeout: floa
     _wait(f"restart {process}", _ready_check(state, process), time.monotonic() + timeout, state, f"{process}.log")
 
 
-def down(name: str = DEFAULT_NAME) -> list[str]:
-    """Stop everything `up` started for `name` and delete its data (logs are kept). Safe to call twice."""
-    state = ClusterState.load(name)
-    if state is None:
-        return []
-    from hpd_devcluster import lws  # lws imports this module
-
-    with contextlib.suppress(OSError, ClusterError, urllib.error.URLError):
-        lws.stop(state)  # a LeaderWorkerSet controller the tests started on this cluster
-    from hpd_devcluster import realnode  # realnode imports this module
-
-    stopped_node = realnode.stop(state)  # before the apiserver: the kubelet deletes its pods through it
-    stopped = stopped_node + stop(state)
+def teardown(state: ClusterState) -> list[str]:
+    """Stop the control plane `start` started and delete its data (logs are kept); return the processes stopped.
+    What runs on it (a real node, the LWS controller) is stopped first, by lifecycle.down."""
+    stopped = stop(state)
     shutil.rmtree(state.root / "etcd-data", ignore_errors=True)
     (state.root / "state.json").unlink(missing_ok=True)
     return stopped
@@ -439,13 +430,3 @@ def listening_ports(state: ClusterState) -> list[int]:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 open_ports.append(port)
     return open_ports
-
-
-@contextlib.contextmanager
-def running(name: str, pool: NodePool | None = None, extra_args: ExtraArgs | None = None) -> Iterator[ClusterState]:
-    """A cluster for the duration of a `with` block (used by the pytest fixture)."""
-    state = up(name, pool, extra_args=extra_args)
-    try:
-        yield state
-    finally:
-        down(name)

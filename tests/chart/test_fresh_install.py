@@ -146,9 +146,9 @@ def blocking_children(api: client.ApiClient, ns: str, name: str) -> dict[str, bo
 def test_a_cr_applied_right_after_helm_install_is_ready_without_waiting(
     helm: Helm, tmp_path: Path, operator_logs: list[Path]
 ) -> None:
-    from hpd_devcluster import cluster
+    from hpd_devcluster import lifecycle
 
-    with cluster.running(f"fresh-{os.getpid()}") as state:
+    with lifecycle.running(f"fresh-{os.getpid()}") as state:
         kubeconfig = Path(state.kubeconfig)
         api = admin(kubeconfig)
         align_admission_discovery(api, kubeconfig, tmp_path)

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from hpd_devcluster import build, cluster, versions
+from hpd_devcluster import build, cluster, lifecycle, versions
 from hpd_devcluster.testing import wait_for
 
 
@@ -193,13 +193,13 @@ def test_deleting_owner_garbage_collects_dependents(api_client: client.ApiClient
 
 def test_down_leaves_no_process_and_no_listener() -> None:
     name = f"pytest-down-{os.getpid()}"
-    state = cluster.up(name, cluster.NodePool(count=1))
+    state = lifecycle.up(name, cluster.NodePool(count=1))
     assert cluster.healthy(state)
     pids = dict(state.pids)
     assert set(pids) == set(cluster.PROCESS_ORDER)
-    stopped = cluster.down(name)
+    stopped = lifecycle.down(name)
     assert set(stopped) == set(cluster.PROCESS_ORDER)
     for proc, pid in pids.items():
         assert not Path(f"/proc/{pid}").exists() or not cluster._alive(pid, proc), f"{proc} (pid {pid}) still alive"
     assert cluster.listening_ports(state) == []
-    assert cluster.down(name) == [], "a second down is a no-op"
+    assert lifecycle.down(name) == [], "a second down is a no-op"

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from hpd_devcluster import cluster, realnode
+from hpd_devcluster import cluster, lifecycle, realnode
 from hpd_devcluster.testing import wait_for
 
 from .conftest import Operator
@@ -49,7 +49,7 @@ class E2E:
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
     name = f"rn-e2e-{os.getpid()}"
-    state = cluster.up(name, cluster.NodePool(count=0))
+    state = lifecycle.up(name, cluster.NodePool(count=0))
     op: Operator | None = None
     try:
         realnode.start(state, taint=False, gpus=8)
@@ -79,7 +79,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
         if op is not None:
             op.stop()
             print(f"operator log tail:\n{''.join(Path(op.log).read_text(errors='replace').splitlines(True)[-60:])}")
-        cluster.down(name)
+        lifecycle.down(name)
 
 
 def cr_doc(decode_replicas: int = 1) -> dict[str, Any]:
