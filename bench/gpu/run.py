@@ -369,9 +369,10 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return 0, ""
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 600) -> tuple[float, Any]:
+def post(url: str, body: dict[str, Any], timeout: float = 600, request_id: str | None = None) -> tuple[float, Any]:
+    rid = request_id or str(uuid.uuid4())
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "X-Request-Id": str(uuid.uuid4())})  # fmt: skip
+                                 headers={"Content-Type": "application/json", "X-Request-Id": rid})  # fmt: skip
     t = time.perf_counter()
     with _OPENER.open(req, timeout=timeout) as r:
         out = json.loads(r.read())
@@ -1532,7 +1533,7 @@ def fallback_summary(res: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- issue #43: the rate under load, time to first token, the random-length sweep (8B geometry) ---------------------
-EXTRA_STEPS = ("load", "ttft", "sweep")
+EXTRA_STEPS = ("load", "ttft", "ttft-parts", "sweep")
 LOAD_LEVELS = (1, 4)
 LOAD_STEP_S = 15.0
 LOAD_PROMPT_TOKENS = 4000
@@ -1622,6 +1623,122 @@ def ttft_step(b: Bench, router: Router) -> dict[str, Any]:
         row["pd_over_colocated_steady"] = round(row["pd"]["steady_median_s"] / row["colocated"]["steady_median_s"], 3)
         row["pd_over_colocated_first"] = round(row["pd"]["first_s"] / row["colocated"]["first_s"], 3)
         out[str(n)] = row
+    return out
+
+
+PARTS_LENGTHS = (2000, 4000, 8000)
+PARTS_SAMPLES = 5
+SERVER_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                     "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                     "vllm:nixl_xfer_time_seconds", "vllm:nixl_post_time_seconds")  # fmt: skip
+"""vLLM's per-request histograms (0.20 names): their `_sum`/`_count` deltas over one request are that request's
+server-side times (TTFT, arrival to finish, waiting, scheduled to first token) and decode's transfer and post time."""
+
+
+def histogram_sums(role: Role) -> dict[str, float]:
+    """`name_sum` and `name_count` of SERVER_HISTOGRAMS on one engine's /metrics, summed over label sets."""
+    status, body = get(vllm_url(role, "/metrics"), 5.0)
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for ln in body.splitlines():
+        if not ln.startswith(SERVER_HISTOGRAMS):
+            continue
+        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([^\s]+)", ln)
+        if m and m.group(1).endswith(("_sum", "_count")):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+def per_request_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The mean of each histogram over the requests between two scrapes, in ms (histograms with no new sample left
+    out)."""
+    out: dict[str, float] = {}
+    for name in SERVER_HISTOGRAMS:
+        n = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+        if n > 0:
+            short = name.removeprefix("vllm:").removesuffix("_seconds")
+            out[short] = round((after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)) / n * 1e3, 3)
+    return out
+
+
+def split_pd(b: Bench, ids: list[int]) -> dict[str, Any]:
+    """One P->D request sent as vllm-router sends it, without the router: prefill with `do_remote_decode`, then decode
+    with the kv_transfer_params prefill answered (one request id for both), each HTTP call timed, and each engine's
+    histograms over it."""
+    p, d = b.roles["prefill"], b.roles["decode"]
+    rid = str(uuid.uuid4())
+    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+              "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+    hp0, hd0 = histogram_sums(p), histogram_sums(d)
+    t_p, resp_p = post(vllm_url(p), {**completion(b.served, ids, 1), "kv_transfer_params": params}, 120, rid)
+    hp1 = histogram_sums(p)
+    kv = resp_p.get("kv_transfer_params")
+    t_d, _ = post(vllm_url(d), {**completion(b.served, ids, 1), "kv_transfer_params": kv}, 120, rid)
+    hd1 = histogram_sums(d)
+    return {"prefill_http_ms": round(t_p * 1e3, 3), "decode_http_ms": round(t_d * 1e3, 3),
+            "sum_http_ms": round((t_p + t_d) * 1e3, 3), "prefill_server": per_request_ms(hp0, hp1),
+            "decode_server": per_request_ms(hd0, hd1), "kv_params_returned": kv is not None}  # fmt: skip
+
+
+def timed_with_server(b: Bench, url: str, ids: list[int]) -> dict[str, Any]:
+    """One 1-token request to `url`, timed, with both engines' histograms over it."""
+    p, d = b.roles["prefill"], b.roles["decode"]
+    hp0, hd0 = histogram_sums(p), histogram_sums(d)
+    t, _ = post(url, completion(b.served, ids, 1), 120)
+    hp1, hd1 = histogram_sums(p), histogram_sums(d)
+    return {"http_ms": round(t * 1e3, 3), "prefill_server": per_request_ms(hp0, hp1),
+            "decode_server": per_request_ms(hd0, hd1)}  # fmt: skip
+
+
+def _median_tree(xs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-key median of a list of (nested) dicts of numbers."""
+    out: dict[str, Any] = {}
+    for k in xs[0]:
+        vals = [x[k] for x in xs if k in x]
+        if isinstance(vals[0], dict):
+            out[k] = _median_tree(vals)
+        elif isinstance(vals[0], (int, float)) and not isinstance(vals[0], bool):
+            out[k] = round(statistics.median(vals), 3)
+    return out
+
+
+def ttft_parts_step(b: Bench, router: Router) -> dict[str, Any]:
+    """Where P->D's time to first token goes, at PARTS_LENGTHS, one request at a time: through the router; the same
+    two hops sent by the bench (split_pd: prefill's HTTP time, decode's HTTP time); colocated on decode and on
+    prefill; each with both engines' server-side histograms (SERVER_HISTOGRAMS) over it. One untimed round, then
+    PARTS_SAMPLES rounds (fresh prompts, paths interleaved); medians per path. `parts` reads them: prefill's own time
+    (split, prefill hop), decode's hop (of which the NIXL transfer and its post, from decode's own histograms, and
+    what is left: decode's step on the transferred prompt plus its HTTP), and the router's own cost (router total
+    minus the two hops)."""
+    p, d = b.roles["prefill"], b.roles["decode"]
+    rng = random.Random(8642)
+    out: dict[str, Any] = {"samples": PARTS_SAMPLES, "histograms": list(SERVER_HISTOGRAMS)}
+    for n in PARTS_LENGTHS:
+        if time.perf_counter() + 20 > b.deadline:
+            out[str(n)] = {"skipped": "deadline"}
+            continue
+        rows: dict[str, list[dict[str, Any]]] = {"router": [], "split": [], "colocated_decode": [],
+                                                 "colocated_prefill": []}  # fmt: skip
+        for i in range(1 + PARTS_SAMPLES):
+            got = {"router": timed_with_server(b, router.url, prompt(rng, n)),
+                   "split": split_pd(b, prompt(rng, n)),
+                   "colocated_decode": timed_with_server(b, vllm_url(d), prompt(rng, n)),
+                   "colocated_prefill": timed_with_server(b, vllm_url(p), prompt(rng, n))}  # fmt: skip
+            if i:
+                for k, v in got.items():
+                    rows[k].append(v)
+        med = {k: _median_tree(v) for k, v in rows.items()}
+        r, s, cd = med["router"], med["split"], med["colocated_decode"]
+        xfer = s["decode_server"].get("nixl_xfer_time")
+        parts = {"router_total_ms": r["http_ms"], "colocated_decode_ms": cd["http_ms"],
+                 "pd_minus_colocated_ms": round(r["http_ms"] - cd["http_ms"], 3),
+                 "prefill_hop_ms": s["prefill_http_ms"], "decode_hop_ms": s["decode_http_ms"],
+                 "nixl_xfer_ms": xfer, "nixl_post_ms": s["decode_server"].get("nixl_post_time"),
+                 "decode_hop_minus_xfer_ms": round(s["decode_http_ms"] - xfer, 3) if xfer is not None else None,
+                 "router_overhead_ms": round(r["http_ms"] - s["sum_http_ms"], 3),
+                 "colocated_prefill_ms": med["colocated_prefill"]["http_ms"]}  # fmt: skip
+        out[str(n)] = {"median": med, "parts": parts, "all": rows}
     return out
 
 
@@ -1781,6 +1898,8 @@ def run_step(
                 res["load"] = load_step(bench, router)
             if "ttft" in steps:
                 res["ttft"] = ttft_step(bench, router)
+            if "ttft-parts" in steps:
+                res["ttft_parts"] = ttft_parts_step(bench, router)
             if "sweep" in steps:
                 mml = int(roles["decode"].argv[roles["decode"].argv.index("--max-model-len") + 1])
                 res["sweep"] = sweep_step(bench, router, mml - 8)
