@@ -109,11 +109,20 @@ def test_tiny_config_is_what_the_expected_map_assumes_and_splits_at_tp2() -> Non
     assert cfg["mamba_num_heads"] % cfg["mamba_n_groups"] == 0
 
 
-def test_rerun_is_byte_identical_and_tensors_match_the_loader(tmp_path: Path) -> None:
-    a, b = tmp_path / "a", tmp_path / "b"
-    for out in (a, b):
-        res = run_script(out)
-        assert res.returncode == 0, res.stderr
+@pytest.fixture(scope="module")
+def default_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The script run once with its defaults (the tiny config, seed 0), shared by the tests that read that output:
+    each run writes the whole checkpoint in pure Python (seconds of CPU), so it is not repeated per test."""
+    out = tmp_path_factory.mktemp("checkpoint") / "a"
+    res = run_script(out)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_rerun_is_byte_identical_and_tensors_match_the_loader(default_checkpoint: Path, tmp_path: Path) -> None:
+    a, b = default_checkpoint, tmp_path / "b"
+    res = run_script(b)
+    assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in a.iterdir()) == ["config.json", "model.safetensors"]
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "config.json").read_bytes() == CONFIG.read_bytes()  # already has torch_dtype: copied verbatim
@@ -130,10 +139,9 @@ def test_rerun_is_byte_identical_and_tensors_match_the_loader(tmp_path: Path) ->
         assert t["data_offsets"][1] - t["data_offsets"][0] == 2 * math.prod(t["shape"])
 
 
-def test_values(tmp_path: Path) -> None:
-    assert run_script(tmp_path).returncode == 0
-    raw = (tmp_path / "model.safetensors").read_bytes()
-    header, _ = read_header(tmp_path / "model.safetensors")
+def test_values(default_checkpoint: Path) -> None:
+    raw = (default_checkpoint / "model.safetensors").read_bytes()
+    header, _ = read_header(default_checkpoint / "model.safetensors")
     base = 8 + struct.unpack("<Q", raw[:8])[0]
 
     def values(name: str) -> list[float]:
@@ -156,10 +164,11 @@ def test_values(tmp_path: Path) -> None:
     assert values("lm_head.weight") != values("backbone.embeddings.weight")
 
 
-def test_seed_changes_the_weights(tmp_path: Path) -> None:
-    assert run_script(tmp_path / "a").returncode == 0
+def test_seed_changes_the_weights(default_checkpoint: Path, tmp_path: Path) -> None:
     assert run_script(tmp_path / "b", "--seed", "7").returncode == 0
-    assert (tmp_path / "a" / "model.safetensors").read_bytes() != (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert (default_checkpoint / "model.safetensors").read_bytes() != (
+        tmp_path / "b" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_torch_dtype_added_only_when_missing(tmp_path: Path) -> None:
