@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpd_operator import render
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+METRICS_PORT_FILE_HELP = (
+    "serve the metrics on a port the OS picks (instead of --metrics-port) and write its number to FILE once bound: "
+    "several operators on one host without a port race (tests)"
+)
 
 
 def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,6 +29,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable); default: all"
     )
     p.add_argument("--metrics-port", type=int, default=s.METRICS_PORT_DEFAULT, help="Prometheus port; 0 = off")
+    p.add_argument("--metrics-port-file", type=Path, default=None, metavar="FILE", help=METRICS_PORT_FILE_HELP)
     p.add_argument("--liveness-port", type=int, default=s.LIVENESS_PORT_DEFAULT, help="kopf /healthz port; 0 = off")
     p.add_argument(
         "--resync-seconds",
@@ -89,9 +101,24 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
+def serve_metrics(port: int, port_file: Path | None) -> WSGIServer | None:
+    """Start the Prometheus endpoint: on `port` (0 = off), or with `port_file` on a port the OS picks while binding
+    (no free-then-bind race between several operators), whose number is then written to `port_file` (atomically:
+    a reader sees no file or the whole number). Returns the server (None: off)."""
+    from prometheus_client import start_http_server
+
+    if port_file is None and not port:
+        return None
+    server, _ = start_http_server(0 if port_file is not None else port)
+    if port_file is not None:
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(f"{server.server_port}\n")
+        os.replace(tmp, port_file)
+    return server
+
+
 def run(ns: argparse.Namespace) -> int:
     import kopf
-    from prometheus_client import start_http_server
 
     from hpd_operator import settings as s
 
@@ -112,8 +139,7 @@ def run(ns: argparse.Namespace) -> int:
 
     kopf.configure(verbose=ns.verbose)
     ctl = handlers.setup(cfg)  # the client, the one Controller, and every handler on it
-    if ns.metrics_port:
-        start_http_server(ns.metrics_port)
+    serve_metrics(ns.metrics_port, ns.metrics_port_file)
     kopf.run(
         standalone=True,
         clusterwide=not ns.namespace,

@@ -24,8 +24,9 @@ from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
 from hpd_devcluster.testing import wait_for
+from tests.cluster.kube import bound_port
 
-from .conftest import OperatorProcess, free_port
+from .conftest import OperatorProcess
 from .helmkit import CHART, REPO, Helm, sa_kubeconfig
 from .test_rbac_proof import opt_in
 
@@ -183,13 +184,13 @@ def start_local_operator(kubeconfig: Path, tmp: Path, logs: list[Path]) -> Opera
     import sys
 
     sa = sa_kubeconfig(kubeconfig, RELEASE_NS, f"{RELEASE}-hybrid-pd-operator", tmp / "operator.kubeconfig")
-    port, log = free_port(), tmp / "operator.log"
+    log, port_file = tmp / "operator.log", tmp / "operator.metrics-port"
     logs.append(log)
     with log.open("ab") as f:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hpd_operator", "run", "--liveness-port", "0", "--metrics-port", str(port)],
+            [sys.executable, "-m", "hpd_operator", "run", "--liveness-port", "0", "--metrics-port-file", str(port_file)],
             env={**os.environ, "KUBECONFIG": str(sa)}, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
         )  # fmt: skip
-    op = OperatorProcess(proc, log, port)
+    op = OperatorProcess(proc, log, bound_port(port_file, proc))  # the port the operator bound (no free-then-bind)
     wait_for(op.metrics, 30, what="the operator's metrics endpoint")
     return op

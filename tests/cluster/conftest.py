@@ -15,7 +15,7 @@ from kubernetes import client
 
 from hpd_devcluster.testing import describing, wait_for
 
-from .kube import CRD, REPO, RESYNC, G, P, free_port, kubectl, snapshot
+from .kube import CRD, REPO, RESYNC, G, P, bound_port, kubectl, snapshot
 
 
 @pytest.fixture(autouse=True)
@@ -52,15 +52,26 @@ class Operator:
         self.kubeconfig, self.namespace, self.log, self.resync = kubeconfig, namespace, log, resync
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
-        self.metrics_port = 0
+        self.port_file = log.with_name(log.name + ".metrics-port")
+        self._metrics_port = 0
+
+    @property
+    def metrics_port(self) -> int:
+        """The metrics port this start of the operator bound (the OS picks it; the operator writes it to
+        `port_file`): read, and waited for, on first use after each start."""
+        if not self._metrics_port:
+            assert self.proc is not None, "the operator is not running"
+            self._metrics_port = bound_port(self.port_file, self.proc)
+        return self._metrics_port
 
     def start(self) -> None:
-        self.metrics_port = free_port()
+        self.port_file.unlink(missing_ok=True)  # a restart binds (and writes) a port of its own
+        self._metrics_port = 0
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("ab") as f:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hpd_operator", "run", "--namespace", self.namespace, "--liveness-port", "0",
-                 "--metrics-port", str(self.metrics_port), "--resync-seconds", self.resync, *self.extra],
+                 "--metrics-port-file", str(self.port_file), "--resync-seconds", self.resync, *self.extra],
                 env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
             )  # fmt: skip
 

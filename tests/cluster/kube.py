@@ -32,6 +32,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def bound_port(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """The port `proc` bound and then wrote to `path` (the operator's `run --metrics-port-file`): the OS picked it
+    while binding, so no other process can take it between a pick and a bind (as with free_port()). Waited for while
+    `proc` runs; its exit before writing fails loudly."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = path.read_text() if path.exists() else ""  # written atomically (a rename): empty or whole
+        if text.strip():
+            return int(text)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process exited with {proc.returncode} before it wrote its port to {path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no port in {path} after {timeout} s")
+        time.sleep(0.05)
+
+
 def kubectl_bin() -> str:
     from hpd_devcluster.build import binaries
 

@@ -34,6 +34,7 @@ from hpd_operator.monitoring import __main__ as gen
 from hpd_operator.monitoring import dashboard, rules
 from hpd_operator.render import render
 from hpd_runtime import contract as c
+from tests.cluster.kube import bound_port
 
 from .prom import LOOPBACK, Prometheus, free_port, pod_monitor_scrape_configs
 
@@ -151,23 +152,32 @@ def _pod(component: str, namespace: str, ports: dict[str, int]) -> dict[str, Any
 
 
 def _operator(procs: Procs, kubeconfig: Path, namespace: str) -> int:
-    port = free_port()
+    """The operator's metrics port: the operator binds one the OS picks and writes it to a file (no free-then-bind)."""
+    port_file = procs.workdir / "operator.metrics-port"
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     argv = [sys.executable, "-m", "hpd_operator", "run", "--namespace", namespace, "--liveness-port", "0"]
-    procs.start("operator", [*argv, "--metrics-port", str(port), "--resync-seconds", "2"], env)
-    return port
+    proc = procs.start("operator", [*argv, "--metrics-port-file", str(port_file), "--resync-seconds", "2"], env)
+    return bound_port(port_file, proc)
 
 
-def _create_cr(api: client.ApiClient, kubeconfig: Path, namespace: str) -> None:
+def _apply_crd(api: client.ApiClient, kubeconfig: Path) -> None:
+    """The CRD, Established, before the operator starts: it resolves its resources once at start (no CRD scanning,
+    hpd_operator/settings.py), so an operator started first never serves the CR."""
     from hpd_devcluster.build import binaries
 
     kubectl = [str(binaries().kubectl), "--kubeconfig", str(kubeconfig)]
     subprocess.run([*kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(CRD)], check=True, timeout=60)
-    subprocess.run(
-        [*kubectl, "wait", "--for=condition=Established", "--timeout=30s", f"crd/{c.PLURAL}.{c.GROUP}"],
-        check=True,
-        timeout=60,
-    )
+    ext = client.ApiextensionsV1Api(api)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(f"{c.PLURAL}.{c.GROUP}").status.conditions or []
+        return any(x.type == "Established" and x.status == "True" for x in conds)
+
+    # polled, not `kubectl wait`: that fails at once when it runs before the CRD's first status (seen here)
+    wait_for(established, 30, what="the CRD Established")
+
+
+def _create_cr(api: client.ApiClient, namespace: str) -> None:
     client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     doc = yaml.safe_load(SEED.read_text())
     doc["metadata"] = {"name": CR_NAME, "namespace": namespace}
@@ -229,6 +239,7 @@ def stack(
                 c.PATH_VLLM_HEALTH,
             ],
         )
+        _apply_crd(api_client, kubeconfig)
         op_port = _operator(procs, kubeconfig, namespace)
         # Scraped as the Prometheus Operator scrapes the operator's PodMonitors: each endpoint's port and path
         # (vLLM's metrics through the runtime port's /vllm/metrics, never vLLM's API port) and relabelings.
@@ -253,7 +264,7 @@ def stack(
         # decode autoscales (min = max = 1) on the scraped stand-in's signals, through the real metrics adapter:
         # the dashboard's autoscaling panels and HPDAutoscalerAtMaxOverTarget read what the operator then exports
         scaler = adapter.start(devcluster, prom.url, gen.ADAPTER_RULES_PATH)
-        _create_cr(api_client, kubeconfig, namespace)
+        _create_cr(api_client, namespace)
 
         fakes = {role: f"http://{LOOPBACK}:{ports[0]}" for role, ports in engines.items()}
         runtime = {role: f"http://{LOOPBACK}:{ports[1]}" for role, ports in engines.items()}
