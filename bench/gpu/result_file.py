@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--mode", required=True, choices=("eager", "compile"))
     ap.add_argument("--note", default="")
     ap.add_argument("--device-call", default="")
+    ap.add_argument("--vllm-version", default="0.20.0", help="the vLLM the CRs' image tag picked")
     a = ap.parse_args()
     reps = [json.loads(r.read_text()) for r in a.results]
     rep = reps[0]
@@ -75,7 +76,7 @@ def main() -> int:
         "setup": {
             "machine": "nvidia-h200: 1x H200",
             "model": a.model,
-            "vllm_version": "0.20.0",
+            "vllm_version": a.vllm_version,
             "mode": a.mode,
             "gpus_per_role": {"prefill": [0], "decode": [0]},
             "roles_share_gpu": True,

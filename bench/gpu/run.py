@@ -1506,12 +1506,14 @@ def fallback_step(b: Bench, router: Router, sampler: KvSampler) -> dict[str, Any
         while state["current"] != "router" and time.perf_counter() - t_back < 10:
             time.sleep(0.05)
         time.sleep(b.after_s)
+    except Exception as exc:  # e.g. the decode back after the deadline: the phases measured so far are kept
+        res["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         stop.set()
         follower.join(5)
         res["traffic"] = traffic.finish()
     res["switches"] = switches
-    return res | decode_after(b, d)
+    return res if "error" in res else res | decode_after(b, d)
 
 
 def fallback_summary(res: dict[str, Any]) -> dict[str, Any]:
@@ -1910,6 +1912,8 @@ def run_step(
                 if "fallback" in steps:
                     res["fallback"] = fallback_step(bench, router, sampler)
                     res["fallback_summary"] = fallback_summary(res["fallback"])
+                    if "error" in res["fallback"]:  # its phases kept above; the later steps need the decode back
+                        raise RuntimeError(f"fallback: {res['fallback']['error']}")
             if decode_steps:  # no fresh-router measurement: the decode steps' traffic starts on this router
                 res["decode_steps"] = decode_lifecycle(bench, decode_steps, router)
             else:
