@@ -6,47 +6,26 @@ unit test; the pure parts of the same steps are tests/unit/test_bench_gpu_decode
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.unit.test_bench_gpu_decode_restart import FAKE_VLLM, load_run, render_sample
+from tests.unit.test_bench_gpu_decode_restart import load_run, run_on_stand_in
 
 run = load_run("bench_gpu_run_decode_steps")
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[dict[str, Any]]:
-    return render_sample()
-
-
 # --- the steps against the stand-in ---------------------------------------------------------------------------------
-def test_restart_replace_and_canary_steps_on_the_stand_in(
-    rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_restart_replace_and_canary_steps_on_the_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU call's plan, `tiny-eager:cold+restart-decode+replace-decode+canary`, with vLLM replaced by the
     stand-in: every phase runs, each answer is judged, the decode restarts on its address, the replacement serves
     from 127.0.0.2 through a second router after the old decode departed, and the canary ran only in the on phase."""
-    run.use_free_ports()
     monkeypatch.setattr(run, "LOAD_PHASE_S", 2.0)
     monkeypatch.setattr(run, "BEFORE_S", 0.5)
     monkeypatch.setattr(run, "AFTER_S", 1.0)
     monkeypatch.setattr(run, "CANARY_ON_SECONDS", "0.5")
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # python3 = ours
-    fake = f"{sys.executable} {FAKE_VLLM}"
-    args = argparse.Namespace(
-        out=tmp_path / "out", work=tmp_path / "work", model_dir=None, t_end=time.perf_counter() + 240
-    )
-    args.out.mkdir()
-    report: dict[str, Any] = {"runs": {}}
     steps = ["cold", "restart-decode", "replace-decode", "canary"]
-    run.run_step(f"tiny-eager@env+HPD_VLLM_COMMAND={fake}", steps, rendered, args, report)
-    (res,) = report["runs"].values()
+    res = run_on_stand_in(run, steps, tmp_path, monkeypatch, budget_s=240)
     assert "error" not in res, res.get("error")
     d = res["decode_steps"]
     phases = d["traffic"]["by_phase"]

@@ -5,18 +5,11 @@ engine's own histograms, so the GPU call runs code whose bookkeeping already ran
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.unit.test_bench_gpu_decode_restart import BENCH, FAKE_VLLM, REPO, load_run
+from tests.unit.test_bench_gpu_decode_restart import load_run, run_on_stand_in
 
 run = load_run("bench_gpu_run_ttft_parts")
 
@@ -29,22 +22,9 @@ def test_per_request_ms_is_the_mean_of_the_new_samples_only() -> None:
 
 
 def test_ttft_parts_on_the_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "hpd_operator", "render", "-f", str(BENCH / "sample-crs.yaml"), "-o", "json"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )  # fmt: skip
-    rendered: list[dict[str, Any]] = json.loads(out.stdout)["items"]
-    run.use_free_ports()
     monkeypatch.setattr(run, "PARTS_LENGTHS", (64, 300))
     monkeypatch.setattr(run, "PARTS_SAMPLES", 2)
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    fake = f"{sys.executable} {FAKE_VLLM}"
-    args = argparse.Namespace(out=tmp_path / "out", work=tmp_path / "work", model_dir=None,
-                              t_end=time.perf_counter() + 180)  # fmt: skip
-    args.out.mkdir()
-    report: dict[str, Any] = {"runs": {}}
-    run.run_step(f"tiny-eager@env+HPD_VLLM_COMMAND={fake}", ["cold", "ttft-parts"], rendered, args, report)
-    (res,) = report["runs"].values()
+    res = run_on_stand_in(run, ["cold", "ttft-parts"], tmp_path, monkeypatch, budget_s=180)
     assert "error" not in res, res.get("error")
     tp = res["ttft_parts"]
     for n in ("64", "300"):

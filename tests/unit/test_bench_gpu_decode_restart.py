@@ -4,10 +4,13 @@ vllm-router) and real timers, are tests/runtime/test_bench_gpu_decode_steps.py: 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +46,25 @@ def render_sample() -> list[dict[str, Any]]:
     )  # fmt: skip
     items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
     return items
+
+
+def run_on_stand_in(
+    run: ModuleType, steps: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget_s: float
+) -> dict[str, Any]:
+    """`run.run_step` for the tiny-eager CR with vLLM replaced by the stand-in (our launcher starts it through
+    HPD_VLLM_COMMAND; `python3` on PATH is ours) on free ports, within `budget_s`: the one run's result."""
+    run.use_free_ports()
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    fake = f"{sys.executable} {FAKE_VLLM}"
+    args = argparse.Namespace(
+        out=tmp_path / "out", work=tmp_path / "work", model_dir=None, t_end=time.perf_counter() + budget_s
+    )
+    args.out.mkdir()
+    report: dict[str, Any] = {"runs": {}}
+    run.run_step(f"tiny-eager@env+HPD_VLLM_COMMAND={fake}", steps, render_sample(), args, report)
+    (res,) = report["runs"].values()
+    result: dict[str, Any] = res
+    return result
 
 
 @pytest.fixture(scope="module")

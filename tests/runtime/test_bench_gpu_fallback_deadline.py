@@ -4,18 +4,12 @@ decode's return replaced by the TimeoutError the bench's Ready wait raises at it
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.unit.test_bench_gpu_decode_restart import BENCH, FAKE_VLLM, REPO, load_run
+from tests.unit.test_bench_gpu_decode_restart import load_run, run_on_stand_in
 
 run = load_run("bench_gpu_run_fallback_deadline")
 
@@ -23,12 +17,6 @@ run = load_run("bench_gpu_run_fallback_deadline")
 def test_a_decode_back_after_the_deadline_keeps_the_phases_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "hpd_operator", "render", "-f", str(BENCH / "sample-crs.yaml"), "-o", "json"],
-        capture_output=True, text=True, check=True, cwd=REPO,
-    )  # fmt: skip
-    rendered: list[dict[str, Any]] = json.loads(out.stdout)["items"]
-    run.use_free_ports()
     monkeypatch.setattr(run, "BEFORE_S", 0.5)
     real_bounce = run.bounce_decode
 
@@ -42,14 +30,7 @@ def test_a_decode_back_after_the_deadline_keeps_the_phases_measured(
             monkeypatch.setattr(run, "stop_role", real_stop)
 
     monkeypatch.setattr(run, "bounce_decode", late)
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    fake = f"{sys.executable} {FAKE_VLLM}"
-    args = argparse.Namespace(out=tmp_path / "out", work=tmp_path / "work", model_dir=None,
-                              t_end=time.perf_counter() + 180)  # fmt: skip
-    args.out.mkdir()
-    report: dict[str, Any] = {"runs": {}}
-    run.run_step(f"tiny-eager@env+HPD_VLLM_COMMAND={fake}", ["cold", "fallback"], rendered, args, report)
-    (res,) = report["runs"].values()
+    res = run_on_stand_in(run, ["cold", "fallback"], tmp_path, monkeypatch, budget_s=180)
     fb = res["fallback"]
     assert fb["error"].startswith("TimeoutError") and res["error"] == f"RuntimeError: fallback: {fb['error']}"
     by = fb["traffic"]["by_phase"]
