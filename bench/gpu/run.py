@@ -65,6 +65,7 @@ Only loopback is used: 127.0.0.1, and 127.0.0.2 as the replacement decode's pod 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -486,16 +487,67 @@ def wait_ready(roles: dict[str, Role], deadline: float) -> None:
         time.sleep(0.25)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), children first. vLLM runs in a session of its own under the launcher
+    (start_new_session), so a signal to the role's process group misses it and everything vLLM started."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                kids = [int(c) for c in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def kill_tree(role: Role) -> None:
+    """SIGKILL the role's process group and every process below it (their pids read first: once the launcher is gone
+    vLLM is reparented and no longer found from it)."""
+    if role.proc is None:
+        return
+    below = descendants(role.proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(role.proc.pid, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        role.proc.wait(10)
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_ports_closed(roles: list[Role], timeout: float) -> list[str]:
+    """Until no role's vLLM or runtime port accepts a connection (the next role started on them must bind them);
+    the ports still open at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [f"{r.name}:{k}={PORTS[r.name][k]}" for r in roles for k in ("vllm", "runtime")
+                if port_open(r.host, PORTS[r.name][k])]  # fmt: skip
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
 def stop_role(role: Role, grace: float = 60) -> int | None:
     if role.proc is None:
         return None
     if role.proc.poll() is None:
+        below = descendants(role.proc.pid)
         os.killpg(role.proc.pid, signal.SIGTERM)
         try:
             role.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            os.killpg(role.proc.pid, signal.SIGKILL)
-            role.proc.wait(10)
+            kill_tree(role)
+            for pid in below:  # vLLM too, where the launcher's process group was all the old SIGKILL reached
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
     # the engine core is its own process; wait until the port is closed so the GPU memory is free
     for _ in range(120):
         if get(f"http://{role.host}:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 0:
@@ -1774,15 +1826,25 @@ def sweep_step(b: Bench, router: Router, max_len: int) -> dict[str, Any]:
 
 
 def stop_roles(roles: dict[str, Role], grace: float) -> dict[str, int | None]:
-    """Every role at once (stop_role each, in threads): the teardown waits for the slowest, not their sum."""
+    """Every role at once (stop_role each, in threads): the teardown waits for the slowest, not their sum.
+    Interrupted (SIGINT from gpu-burst.sh's time limit, which SIGKILLs this script 30 s later, while vLLM may still
+    drain for longer): no grace left, every role's process tree is killed at once and its ports waited for before
+    the interrupt goes on, so no role outlives this script holding a port the next run needs."""
     codes: dict[str, int | None] = {}
     threads = [
-        threading.Thread(target=lambda n=n, r=r: codes.__setitem__(n, stop_role(r, grace))) for n, r in roles.items()
+        threading.Thread(target=lambda n=n, r=r: codes.__setitem__(n, stop_role(r, grace)), daemon=True)
+        for n, r in roles.items()
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except BaseException:
+        for r in roles.values():
+            kill_tree(r)
+        wait_ports_closed(list(roles.values()), 15)
+        raise
     return {n: codes.get(n) for n in roles}
 
 
@@ -1941,7 +2003,11 @@ def run_step(
         for rt in [router, *bench.routers]:
             if rt is not None:
                 rt.stop()
-        res["exit_codes_after_sigterm"] = stop_roles(roles, TEARDOWN_GRACE_S if decode_steps else 60.0)
+        # interrupted (the burst's time limit): no grace, the SIGKILL that follows the SIGINT would cut it short
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        res["exit_codes_after_sigterm"] = stop_roles(
+            roles, 0.0 if interrupted else TEARDOWN_GRACE_S if decode_steps else 60.0
+        )
         res["seconds"] = round(time.monotonic() - t_begin, 1)
 
 

@@ -1,0 +1,117 @@
+"""bench/gpu/run.py's teardown survives the burst's time limit: gpu-burst.sh stops run.py with SIGINT and SIGKILLs
+it 30 s later. On 2026-12-03 the SIGINT came inside `stop_roles` while a decode's vLLM drained on SIGTERM; the
+teardown stopped there, run.py was killed, and the decode's launcher (its own session, as the bench starts every
+role) kept its runtime port bound: the next run's decode failed with 'Address already in use'.
+
+Here a role is a stand-in launcher as ours is built (its runtime port, vLLM started in a session of its own, SIGTERM
+forwarded and the child waited for) whose "vLLM" holds its port and drains far longer than the test waits. A driver
+process runs `stop_roles` on it as run_step does; the test interrupts it the way gpu-burst.sh's `timeout` does
+(SIGINT, then SIGKILL a few seconds later) and checks that no process of the role is left and both ports are free."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+LAUNCHER = textwrap.dedent("""
+    import os, signal, socket, subprocess, sys, time
+    runtime_port, vllm_port, pids = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", runtime_port)); srv.listen()
+    vllm = subprocess.Popen([sys.executable, "-c", '''
+    import signal, socket, sys, time
+    signal.signal(signal.SIGTERM, lambda *a: None)  # drains: SIGTERM does not end it
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+    time.sleep(300)
+    ''', str(vllm_port)], start_new_session=True)
+    with open(pids, "w") as fh:
+        fh.write(f"{os.getpid()} {vllm.pid}")
+    signal.signal(signal.SIGTERM, lambda *a: vllm.send_signal(signal.SIGTERM))
+    vllm.wait()
+""")
+
+DRIVER = textwrap.dedent("""
+    import importlib.util, socket, sys, time
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("bench_gpu_run_stop", sys.argv[1])
+    run = importlib.util.module_from_spec(spec); sys.modules[spec.name] = run; spec.loader.exec_module(run)
+    runtime_port, vllm_port = int(sys.argv[3]), int(sys.argv[4])
+    run.PORTS["decode"].update(vllm=vllm_port, runtime=runtime_port)
+    role = run.Role("decode", [sys.executable, sys.argv[2], str(runtime_port), str(vllm_port), sys.argv[5]], {}, 1)
+    run.start_role(role, Path(sys.argv[6]), "t", {"PATH": "/usr/bin:/bin"})
+    while any(socket.socket().connect_ex(("127.0.0.1", p)) for p in (runtime_port, vllm_port)):
+        time.sleep(0.05)
+    print("stopping", flush=True)
+    run.stop_roles({"decode": role}, 60.0)  # what run_step's teardown passes outside the decode steps
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path) -> None:
+    launcher, driver, pids = tmp_path / "launcher.py", tmp_path / "driver.py", tmp_path / "pids"
+    launcher.write_text(LAUNCHER)
+    driver.write_text(DRIVER)
+    runtime_port, vllm_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "images" / "runtime")}
+    argv = [sys.executable, str(driver), str(REPO / "bench" / "gpu" / "run.py"), str(launcher),
+            str(runtime_port), str(vllm_port), str(pids), str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    role_pids: list[int] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "stopping", line + proc.stdout.read()
+        role_pids = [int(p) for p in pids.read_text().split()]
+        time.sleep(1.0)  # inside stop_roles: SIGTERM sent, the "vLLM" draining
+        proc.send_signal(signal.SIGINT)  # gpu-burst.sh's `timeout --signal=INT`
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # `timeout -k`: what the machine does to a teardown that does not end
+            proc.wait(5)
+        output = proc.stdout.read()
+        assert "KeyboardInterrupt" in output  # the interrupt still reaches the caller (the results are written)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and (listening(runtime_port) or listening(vllm_port)):
+            time.sleep(0.1)
+        assert not listening(runtime_port), "the launcher still holds its runtime port"
+        assert not listening(vllm_port), "vLLM (its own session) still holds its port"
+        assert not [p for p in role_pids if alive(p)]
+    finally:
+        if not role_pids and pids.exists():  # a driver that failed before the interrupt: its role is still up
+            role_pids = [int(p) for p in pids.read_text().split()]
+        for p in role_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
