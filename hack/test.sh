@@ -26,5 +26,10 @@ echo "[test] mypy" >&2
 mypy
 echo "[test] import contracts" >&2
 lint-imports  # the layers, no import circle, pure rooms, no dev-only code in what ships (pyproject.toml)
-echo "[test] pytest" >&2
-python -m pytest "$@"
+# Our three images, built once here (warm: one `buildah inspect` each) so that no pytest worker waits on another's
+# build behind the per-image lock.
+for image in operator router vllm; do python -m hpd_devcluster.images build "$image" >/dev/null; done
+# pytest-xdist workers (docs/development.md, "Parallel workers"): each its own control plane; a module's tests on one
+# worker, the real-node modules all on one, the longest scopes first (tests/conftest.py). HPD_TEST_WORKERS=0: serial.
+echo "[test] pytest (${HPD_TEST_WORKERS:=3} workers)" >&2
+python -m pytest -n "$HPD_TEST_WORKERS" "$@"

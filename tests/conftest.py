@@ -73,14 +73,45 @@ def xdist_scope(nodeid: str) -> str:
     return path
 
 
+LONGEST_SCOPES_FIRST = (
+    REAL_NODE_GROUP,
+    "tests/versions/",
+    "tests/cluster/test_multi_node.py",
+    "tests/chart/",
+    "tests/cluster/test_event_driven.py",
+    "tests/images/",
+    "tests/monitoring/",
+    "tests/cluster/",
+)
+"""The scopes that take longest, in the order they start (the rest follow in collection order). Under `-n N` a
+scope runs whole on one worker, so the longest must not start last: the real-node modules (one scope, run one after
+another) are the run's critical path, tests/versions' vLLM imports and CPU runs of vLLM the heaviest CPU
+(bench/results/2026-12-03-test-times.json, `slowest_40`: the last 12 minutes of a run that left them for last were
+these alone). Serially the order changes nothing but the order."""
+
+
+def _scope_rank(nodeid: str) -> int:
+    scope = xdist_scope(nodeid)
+    return next((i for i, p in enumerate(LONGEST_SCOPES_FIRST) if scope.startswith(p)), len(LONGEST_SCOPES_FIRST))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest scopes first (`LONGEST_SCOPES_FIRST`); a stable sort, so each module keeps its own order."""
+    items.sort(key=lambda item: _scope_rank(item.nodeid))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under `-n N`: whole scopes (`xdist_scope`) go to one worker each, the next to whichever worker is free."""
+    """Under `-n N`: whole scopes (`xdist_scope`) go to one worker each, in collection order (longest first, above),
+    the next to whichever worker is free. xdist's own reordering (by the number of tests in a scope) is off: a scope
+    of many quick unit tests is not a long one."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Scopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
 
+    config.option.loadscopereorder = False
     return Scopes(config, log)
 
 
