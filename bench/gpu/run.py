@@ -502,15 +502,33 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def kill_tree(role: Role) -> None:
-    """SIGKILL the role's process group and every process below it (their pids read first: once the launcher is gone
-    vLLM is reparented and no longer found from it)."""
+def role_tree(role: Role) -> list[int]:
+    """The role's process and every process below it now."""
+    if role.proc is None or role.proc.poll() is not None:
+        return []
+    return [role.proc.pid, *descendants(role.proc.pid)]
+
+
+def alive(role: Role, pid: int) -> bool:
+    """`pid` of the role's tree still running (a zombie another process has not reaped yet counts as gone)."""
+    if role.proc is not None and pid == role.proc.pid:
+        return role.proc.poll() is None
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_tree(role: Role, tree: list[int]) -> None:
+    """SIGKILL the role's process group, `tree` (read before: a process whose parent died is reparented to its PID
+    namespace's init, so the pair topology's launcher is no longer found below nsenter once nsenter exited) and
+    whatever is below the role's process now."""
     if role.proc is None:
         return
-    below = descendants(role.proc.pid)
+    pids = [*tree, *descendants(role.proc.pid)]
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(role.proc.pid, signal.SIGKILL)
-    for pid in below:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -536,23 +554,25 @@ def wait_ports_closed(roles: list[Role], timeout: float) -> list[str]:
 
 
 def stop_role(role: Role, grace: float = 60) -> int | None:
+    """SIGTERM to the role's process group, then up to `grace` for every process of its tree (read before the
+    signal) to end, SIGKILL to what is left; then until its vLLM and runtime ports are closed (the engine core is
+    its own process, and its GPU memory must be free; the next role binds the same ports). Waiting on the role's
+    own process alone is not enough: under `pair` it is nsenter, which SIGTERM ends at once while the launcher below
+    still forwards the signal to vLLM and holds its runtime port."""
     if role.proc is None:
         return None
-    if role.proc.poll() is None:
-        below = descendants(role.proc.pid)
-        os.killpg(role.proc.pid, signal.SIGTERM)
-        try:
-            role.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            kill_tree(role)
-            for pid in below:  # vLLM too, where the launcher's process group was all the old SIGKILL reached
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-    # the engine core is its own process; wait until the port is closed so the GPU memory is free
-    for _ in range(120):
-        if get(f"http://{role.host}:{PORTS[role.name]['vllm']}/health", 0.5)[0] == 0:
-            break
-        time.sleep(0.5)
+    tree = role_tree(role)
+    if tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(role.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(alive(role, p) for p in tree):
+            time.sleep(0.2)
+        if any(alive(role, p) for p in tree):
+            kill_tree(role, tree)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            role.proc.wait(10)
+    wait_ports_closed([role], 60)
     return role.proc.returncode
 
 
@@ -1835,14 +1855,15 @@ def stop_roles(roles: dict[str, Role], grace: float) -> dict[str, int | None]:
         threading.Thread(target=lambda n=n, r=r: codes.__setitem__(n, stop_role(r, grace)), daemon=True)
         for n, r in roles.items()
     ]
+    trees = {n: role_tree(r) for n, r in roles.items()}
     try:
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     except BaseException:
-        for r in roles.values():
-            kill_tree(r)
+        for n, r in roles.items():
+            kill_tree(r, trees[n])
         wait_ports_closed(list(roles.values()), 15)
         raise
     return {n: codes.get(n) for n in roles}

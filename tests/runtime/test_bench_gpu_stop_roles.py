@@ -6,7 +6,11 @@ role) kept its runtime port bound: the next run's decode failed with 'Address al
 Here a role is a stand-in launcher as ours is built (its runtime port, vLLM started in a session of its own, SIGTERM
 forwarded and the child waited for) whose "vLLM" holds its port and drains far longer than the test waits. A driver
 process runs `stop_roles` on it as run_step does; the test interrupts it the way gpu-burst.sh's `timeout` does
-(SIGINT, then SIGKILL a few seconds later) and checks that no process of the role is left and both ports are free."""
+(SIGINT, then SIGKILL a few seconds later) and checks that no process of the role is left and both ports are free.
+
+Without an interrupt, under `pair`, a role's own process is nsenter: SIGTERM ends it at once while the launcher below
+still shuts vLLM down and holds its runtime port; the teardown must wait for the launcher too (a second plan item in
+one run.py invocation found its prefill's runtime port still bound)."""
 
 from __future__ import annotations
 
@@ -53,6 +57,23 @@ DRIVER = textwrap.dedent("""
         time.sleep(0.05)
     print("stopping", flush=True)
     run.stop_roles({"decode": role}, 60.0)  # what run_step's teardown passes outside the decode steps
+""")
+
+
+WRAPPER = textwrap.dedent("""
+    import subprocess, sys
+    sys.exit(subprocess.call(sys.argv[1:]))  # SIGTERM's default action ends it; the child (same group) goes on
+""")
+
+SLOW_LAUNCHER = textwrap.dedent("""
+    import signal, socket, sys, time
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *a: stopping.append(time.monotonic()))
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", int(sys.argv[1]))); srv.listen()
+    print("up", flush=True)
+    while not stopping or time.monotonic() < stopping[0] + 2.0:  # 2 s to stop its vLLM, then exits
+        time.sleep(0.05)
 """)
 
 
@@ -115,3 +136,26 @@ def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_stop_role_returns_once_the_launcher_below_the_wrapper_has_let_go_of_its_port(tmp_path: Path) -> None:
+    wrapper, launcher = tmp_path / "wrapper.py", tmp_path / "launcher.py"
+    wrapper.write_text(WRAPPER)
+    launcher.write_text(SLOW_LAUNCHER)
+    from tests.unit.test_bench_gpu_decode_restart import load_run
+
+    run = load_run("bench_gpu_run_stop_wrapper")
+    runtime_port, vllm_port = free_port(), free_port()
+    run.PORTS["decode"].update(vllm=vllm_port, runtime=runtime_port)
+    role = run.Role("decode", [sys.executable, str(wrapper), sys.executable, str(launcher), str(runtime_port)], {}, 1)
+    run.start_role(role, tmp_path, "t", {"PATH": os.environ["PATH"]})
+    try:
+        deadline = time.monotonic() + 20
+        while not listening(runtime_port):
+            assert time.monotonic() < deadline and role.proc.poll() is None, role.log.read_text()
+            time.sleep(0.05)
+        run.stop_role(role, 30.0)
+        assert role.proc.returncode == -signal.SIGTERM  # the wrapper ended at once, as nsenter does
+        assert not listening(runtime_port), "stop_role returned while the launcher still held its runtime port"
+    finally:
+        run.kill_tree(role, [])
