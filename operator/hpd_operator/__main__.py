@@ -14,6 +14,8 @@ from hpd_operator import render
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from hpd_operator.settings import OperatorConfig
+
 METRICS_PORT_FILE_HELP = (
     "serve the metrics on a port the OS picks (instead of --metrics-port) and write its number to FILE once bound: "
     "several operators on one host without a port race (tests)"
@@ -48,6 +50,12 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=float,
         default=s.NOT_SCHEDULED_SECONDS_DEFAULT,
         help="a pod no scheduler has looked at for this long makes its role Degraded (NotScheduled)",
+    )
+    p.add_argument(
+        "--max-backoff-seconds",
+        type=_positive_seconds,
+        default=s.MAX_BACKOFF_SECONDS_DEFAULT,
+        help="cap of a CR's retry backoff (0.5 s doubling): one that does not converge is retried at least this often",
     )
     p.add_argument(
         "--workers", type=_positive, default=s.WORKERS_DEFAULT, help="reconcile worker threads (CRs converged at once)"
@@ -87,6 +95,13 @@ def _positive(text: str) -> int:
     return n
 
 
+def _positive_seconds(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return x
+
+
 def _digest(text: str) -> tuple[str, str]:
     version, sep, digest = text.partition("=")
     if not sep or not version or re.fullmatch(r"sha256:[0-9a-f]{64}", digest) is None:
@@ -117,12 +132,11 @@ def serve_metrics(port: int, port_file: Path | None) -> WSGIServer | None:
     return server
 
 
-def run(ns: argparse.Namespace) -> int:
-    import kopf
-
+def config(ns: argparse.Namespace) -> OperatorConfig:
+    """The operator's settings from `run`'s parsed arguments."""
     from hpd_operator import settings as s
 
-    cfg = s.OperatorConfig(
+    return s.OperatorConfig(
         namespaces=tuple(ns.namespace),
         metrics_port=ns.metrics_port,
         liveness_port=ns.liveness_port,
@@ -130,12 +144,20 @@ def run(ns: argparse.Namespace) -> int:
         workers=ns.workers,
         recheck_seconds=ns.recheck_seconds,
         not_scheduled_seconds=ns.not_scheduled_seconds,
+        max_backoff_seconds=ns.max_backoff_seconds,
         vllm_image=ns.vllm_image,
         vllm_image_digests=tuple(ns.vllm_image_digest),
         router_image=ns.router_image,
         pod_monitor_labels=tuple(ns.pod_monitor_label),
     )
+
+
+def run(ns: argparse.Namespace) -> int:
+    import kopf
+
     from hpd_operator import handlers
+
+    cfg = config(ns)
 
     kopf.configure(verbose=ns.verbose)
     ctl = handlers.setup(cfg)  # the client, the one Controller, and every handler on it

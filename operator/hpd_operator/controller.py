@@ -87,7 +87,7 @@ class Controller:
     def __init__(self, api: client.ApiClient, caps: Capabilities, cfg: OperatorConfig) -> None:
         self.api, self.caps, self.cfg = api, caps, cfg
         self.cache = Cache()
-        self.queue: WorkQueue[CRKey] = WorkQueue(metrics.CONTROLLER)
+        self.queue: WorkQueue[CRKey] = WorkQueue(metrics.CONTROLLER, max_delay=cfg.max_backoff_seconds)
         self.memory = Memory()
         self.lws = Discovery(cfg.recheck_seconds)
         self.workers: list[threading.Thread] = []

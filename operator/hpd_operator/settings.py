@@ -41,6 +41,7 @@ RESYNC_SECONDS_DEFAULT = 300.0
 WORKERS_DEFAULT = 4
 RECHECK_SECONDS_DEFAULT = 10.0
 NOT_SCHEDULED_SECONDS_DEFAULT = 60.0
+MAX_BACKOFF_SECONDS_DEFAULT = 60.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class OperatorConfig:
     """How long a pod may wait for any scheduler's first verdict before its role is Degraded (NotScheduled)."""
     """How often a CR whose child name is held by an object the operator does not watch (no managed-by label) is
     re-queued to look again (no event announces that object's deletion)."""
+    max_backoff_seconds: float = MAX_BACKOFF_SECONDS_DEFAULT
+    """The cap of a CR's retry backoff (0.5 s doubling): a CR that does not converge is retried at least this often.
+    Tests lower it to watch several capped retry periods in seconds instead of minutes."""
     vllm_image: str = c.VLLM_IMAGE_TEMPLATE
     vllm_image_digests: tuple[tuple[str, str], ...] = ()
     """(vLLM version, sha256:...) pairs: the default image of that version runs pinned (`--vllm-image-digest`)."""
