@@ -6,16 +6,17 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import signal
-import socket
 import subprocess
+import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpd_devcluster.testing import kill_with_children
+from hpd_devcluster.testing import children, kill_with_children
 
 from .helmkit import CHART, REPO, Helm
 
@@ -60,13 +61,44 @@ class OperatorProcess:
                 kill_with_children(self.proc)  # the runner starts the container in a session of its own
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 KUBECONFIG_IN_IMAGE = "/etc/hpd/kubeconfig"
+PORT_FILES_IN_IMAGE = Path("/tmp")
+"""Where the operator in its image writes its metrics port (`run --metrics-port-file`): the image's HOME and WORKDIR,
+writable by its user (the image runner's mounts are read-only)."""
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], children(pid)
+    while todo:
+        out.append(todo.pop())
+        todo += children(out[-1])
+    return out
+
+
+def port_written_in_image(proc: subprocess.Popen[bytes], name: str, timeout: float = 120.0) -> int:
+    """The metrics port the operator that `proc` runs from its image bound and then wrote to PORT_FILES_IN_IMAGE/`name`
+    (`run --metrics-port-file`: the OS picked the port while binding, so no other process can take it between a pick
+    and a bind). Read as the operator sees its own file system: /proc/PID/root of the container's
+    `python -m hpd_operator run` process, a descendant of `proc`. Waited for while `proc` runs; its exit before the
+    file is written fails loudly, and so does the deadline, naming the processes it looked at."""
+    deadline, looked = time.monotonic() + timeout, ""
+    while True:
+        for pid in descendants(proc.pid):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if argv[1:4] != [b"-m", b"hpd_operator", b"run"]:
+                    continue
+                looked = f"{pid}: {b' '.join(argv).decode(errors='replace')}"
+                text = Path(f"/proc/{pid}/root{PORT_FILES_IN_IMAGE / name}").read_text()  # whole or absent (a rename)
+            except OSError:
+                continue
+            if text.strip():
+                return int(text)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the operator's runner exited with {proc.returncode} before the port was written")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no port in {PORT_FILES_IN_IMAGE / name} after {timeout} s; operator seen: {looked!r}")
+        time.sleep(0.1)
 
 
 def operator_argv(image: str, args: list[str], kubeconfig: Path) -> list[str]:
@@ -100,24 +132,23 @@ def start_operator(
     operator_image: str, tmp_path: Path, operator_logs: list[Path]
 ) -> Iterator[Callable[[Path, list[str]], OperatorProcess]]:
     """start(kubeconfig, args) runs the operator FROM ITS IMAGE with exactly `args` (the chart's Deployment args)
-    except its two ports: liveness off, metrics on a free loopback port (host network). Stopped at teardown; its
-    log printed on failure."""
+    except its two ports: liveness off, metrics on a loopback port the OS picks (host network; `--metrics-port-file`,
+    no free-then-bind race). Returns once that port is known. Stopped at teardown; its log printed on failure."""
     started: list[OperatorProcess] = []
 
     def start(kubeconfig: Path, args: list[str]) -> OperatorProcess:
-        port = free_port()
         keep = [a for a in args if not a.startswith(("--liveness-port", "--metrics-port"))]
         log = tmp_path / f"operator-{len(started)}.log"
         operator_logs.append(log)
+        port_file = f"metrics-port-{uuid.uuid4().hex[:8]}"
+        ports = ["--liveness-port=0", f"--metrics-port-file={PORT_FILES_IN_IMAGE / port_file}"]
         with log.open("ab") as f:
             proc = subprocess.Popen(
-                operator_argv(operator_image, [*keep, "--liveness-port=0", f"--metrics-port={port}"], kubeconfig),
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
+                operator_argv(operator_image, [*keep, *ports], kubeconfig), stdout=f, stderr=subprocess.STDOUT, cwd=REPO
             )
-        op = OperatorProcess(proc, log, port)
-        started.append(op)
+        op = OperatorProcess(proc, log, 0)
+        started.append(op)  # stopped at teardown even when its port never shows
+        op.metrics_port = port_written_in_image(proc, port_file)
         return op
 
     yield start
