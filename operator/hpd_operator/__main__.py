@@ -33,30 +33,7 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--metrics-port", type=int, default=s.METRICS_PORT_DEFAULT, help="Prometheus port; 0 = off")
     p.add_argument("--metrics-port-file", type=Path, default=None, metavar="FILE", help=METRICS_PORT_FILE_HELP)
     p.add_argument("--liveness-port", type=int, default=s.LIVENESS_PORT_DEFAULT, help="kopf /healthz port; 0 = off")
-    p.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=s.RESYNC_SECONDS_DEFAULT,
-        help="safety resync: every CR is re-queued this often (changes are handled at once, from watches)",
-    )
-    p.add_argument(
-        "--recheck-seconds",
-        type=float,
-        default=s.RECHECK_SECONDS_DEFAULT,
-        help="re-queue a CR whose child name is held by an object the operator does not manage this often",
-    )
-    p.add_argument(
-        "--not-scheduled-seconds",
-        type=float,
-        default=s.NOT_SCHEDULED_SECONDS_DEFAULT,
-        help="a pod no scheduler has looked at for this long makes its role Degraded (NotScheduled)",
-    )
-    p.add_argument(
-        "--max-backoff-seconds",
-        type=_positive_seconds,
-        default=s.MAX_BACKOFF_SECONDS_DEFAULT,
-        help="cap of a CR's retry backoff (0.5 s doubling): one that does not converge is retried at least this often",
-    )
+    _add_timer_flags(p)
     p.add_argument(
         "--workers", type=_positive, default=s.WORKERS_DEFAULT, help="reconcile worker threads (CRs converged at once)"
     )
@@ -86,6 +63,36 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
+
+
+def _add_timer_flags(p: argparse.ArgumentParser) -> None:
+    """The operator's timers: the safety resync, the re-checks and the retry backoff's cap."""
+    from hpd_operator import settings as s
+
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=s.RESYNC_SECONDS_DEFAULT,
+        help="safety resync: every CR is re-queued this often (changes are handled at once, from watches)",
+    )
+    p.add_argument(
+        "--recheck-seconds",
+        type=float,
+        default=s.RECHECK_SECONDS_DEFAULT,
+        help="re-queue a CR whose child name is held by an object the operator does not manage this often",
+    )
+    p.add_argument(
+        "--not-scheduled-seconds",
+        type=float,
+        default=s.NOT_SCHEDULED_SECONDS_DEFAULT,
+        help="a pod no scheduler has looked at for this long makes its role Degraded (NotScheduled)",
+    )
+    p.add_argument(
+        "--max-backoff-seconds",
+        type=_positive_seconds,
+        default=s.MAX_BACKOFF_SECONDS_DEFAULT,
+        help="cap of a CR's retry backoff (0.5 s doubling): one that does not converge is retried at least this often",
+    )
 
 
 def _positive(text: str) -> int:
