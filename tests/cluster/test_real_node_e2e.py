@@ -107,12 +107,17 @@ def endpoint(e: E2E) -> str:
     return f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
 
 
-def complete(e: E2E, prompt: str, max_tokens: int = 4, timeout: float = 30) -> dict[str, Any]:
+def post_completion(url: str, prompt: str, max_tokens: int = 4, timeout: float = 30) -> dict[str, Any]:
+    """One completion of the seed's model to `url` (an endpoint: `http://<ip>:<port>`); urllib's errors raised."""
     body = {"model": seed()["spec"]["model"]["name"], "prompt": prompt, "max_tokens": max_tokens}
-    req = urllib.request.Request(f"{endpoint(e)}/v1/completions", data=json.dumps(body).encode(),
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return dict(json.load(resp))
+
+
+def complete(e: E2E, prompt: str, max_tokens: int = 4, timeout: float = 30) -> dict[str, Any]:
+    return post_completion(endpoint(e), prompt, max_tokens, timeout)
 
 
 def unique_prompt() -> str:
