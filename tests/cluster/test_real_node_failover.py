@@ -8,10 +8,12 @@ containerd, CNI bridge and kube-proxy (test_real_node_e2e's cluster, operator an
 (b) One decode of two crashes: its engine process (the stand-in vLLM, a child of the runtime's launcher in the
     container) SIGKILLed from the host, found through containerd's task list. The launcher exits with it, the kubelet
     restarts the container, the pod is Ready again after its pair check. vllm-router 0.1.17 in P/D mode retries no
-    request and takes a dead engine out only after its health checker's verdict (docs/reliability.md), so requests it
-    sends there in that window fail: counted and recorded, not bounded by a number; what is asserted is that none
-    hangs (each answered or refused within a bound derived from the router's rendered health-check flags), that the
-    status says a decode is down meanwhile, and that nothing fails once the pod is Ready again.
+    request and keeps sending to a dead engine until it takes it out (its health checker's verdict or its service
+    discovery seeing the pod NotReady: docs/reliability.md), so requests it sends there in that window fail: counted
+    and recorded (when each was sent), not bounded by a number; what is asserted is that none hangs (each answered or
+    refused within a bound derived from the router's rendered health-check flags), that the status says a decode is
+    down meanwhile, that none failed before the kill, and that nothing fails once the pod is Ready again (after its
+    pair check).
 
 Clients: `WORKERS` loops of one request at a time to the Service's ClusterIP (bounded, only this node's pods), each
 request counted in the phase it was sent in. Timings are recorded in RESULT (bench/results), never asserted.
@@ -514,13 +516,15 @@ def test_a_sigkilled_decode_engine_restarts_and_no_request_hangs_or_fails_after_
         "failed_le_in_flight": lost <= in_flight,
         "failed_sent_s_after_kill": failed_at(traffic.results, t_kill),
         "why_not": None if lost <= in_flight else "vllm-router 0.1.17 in P/D mode retries no request and keeps "
-        "sending to the dead decode (round robin) until its health checker's verdict "
-        f"({flags['health_failure_threshold']} failed checks {flags['health_check_interval_s']} s apart); the "
-        "requests it sent there in that window failed (see failed_sent_s_after_kill), on top of those in flight",
+        "sending to the dead decode (round robin) until it takes it out (its health checker: "
+        f"{flags['health_failure_threshold']} failed checks {flags['health_check_interval_s']} s apart, or its "
+        "service discovery seeing the pod NotReady); the requests it sent there in that window failed (see "
+        "failed_sent_s_after_kill and seconds_after_kill.last_failed_sent), on top of those in flight",
         "hang_bound": flags,
         "seconds_after_kill": {"status_one_decode_down": next((round(s["t"] - t_kill, 2) for s in during
                                                                if s["decode_ready"] == 1), None),
-                               "last_failed_sent": max(failed_at(traffic.results, t_kill), default=None),
+                               "last_failed_sent": max((round(s.at - t_kill, 2) for s in traffic.results
+                                                        if s.answer is None), default=None),
                                "pod_ready_again": round(t_pod_ready - t_kill, 2),
                                "cr_ready_again": round(t_cr_ready - t_kill, 2)},
         "container_last_exit_code": last.exit_code if last else None,
