@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 COUNTED = (
-    "the requests of the fallback, orphans, load, ttft and sweep steps and cold's P->D vs colocated check (warmup, "
-    "pair-check and reference requests excluded); failed = an HTTP error or no answer"
+    "the requests of the fallback, orphans, load, ttft, ttft-parts (its recorded rounds; the split path counts both "
+    "hops) and sweep steps and cold's P->D vs colocated check (warmup, pair-check and reference requests and "
+    "ttft-parts' untimed round excluded); failed = an HTTP error or no answer"
 )
 
 
@@ -35,6 +36,9 @@ def counts(run: dict[str, Any]) -> tuple[int, int]:
     for row in (run.get("ttft") or {}).values():
         if isinstance(row, dict):
             sent += sum(len(row[p]["all_s"]) for p in ("pd", "colocated") if p in row)
+    for row in (run.get("ttft_parts") or {}).values():
+        if isinstance(row, dict) and "all" in row:
+            sent += sum(len(v) * (2 if path == "split" else 1) for path, v in row["all"].items())
     for row in (run.get("sweep") or {}).get("rows", []):
         for p in ("pd", "colocated"):
             if "first_s" in row.get(p, {}):
