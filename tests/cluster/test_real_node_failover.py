@@ -14,6 +14,12 @@ containerd, CNI bridge and kube-proxy (test_real_node_e2e's cluster, operator an
     refused within a bound derived from the router's rendered health-check flags), that the status says a decode is
     down meanwhile, that none failed before the kill, and that nothing fails once the pod is Ready again (after its
     pair check).
+(c) The only prefill deleted under traffic: degraded mode the other way round: the endpoint selects the decode pod,
+    which answers on its own (no kv_transfer_params in what it receives); once the Deployment's replacement prefill is
+    Ready the Service selects the router again. The operator does not wait for decode's re-check of the new prefill
+    (fallback.choose counts Ready pods; decode stays Ready: its monitor re-checks a new prefill address on its next
+    poll, hpd_runtime.pairing): asserted is that decode re-checks the replacement and stays the same Ready pod;
+    whether P/D resumed before that re-check is recorded.
 
 Clients: `WORKERS` loops of one request at a time to the Service's ClusterIP (bounded, only this node's pods), each
 request counted in the phase it was sent in. Timings are recorded in RESULT (bench/results), never asserted.
@@ -40,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from hpd_devcluster import realnode
 from hpd_devcluster.testing import children, wait_for
@@ -304,8 +311,9 @@ def record(key: str, data: dict[str, Any]) -> None:
     doc = {
         "date": "2026-12-03",
         "what": "failover on the real node (tests/cluster/test_real_node_failover.py): the only decode deleted under "
-        "traffic (degraded mode: the endpoint serves colocated on prefill, then P/D again), and one decode of two "
-        "whose engine process was SIGKILLed under traffic; failed requests per phase from the clients' side",
+        "traffic (degraded mode: the endpoint serves colocated on prefill, then P/D again), one decode of two "
+        "whose engine process was SIGKILLed under traffic, and the only prefill deleted under traffic (degraded "
+        "mode: colocated on decode, then P/D again); failed requests per phase from the clients' side",
         "setup": {
             "machine": "the project's 2-core dev machine, shared with other engineers' runs; one real node (kubelet "
             "1.35, containerd, runc, CNI bridge, kube-proxy, CoreDNS: hack/hpd_devcluster) on the local control plane",
@@ -552,3 +560,196 @@ def test_a_sigkilled_decode_engine_restarts_and_no_request_hangs_or_fails_after_
                    .get("do_remote_prefill") and str(r["body"].get("prompt")) not in ours]  # fmt: skip
     assert pair_checks, "the restarted decode served before any pair check"
     assert counts["after"]["failed"] == 0 and counts["after"]["answered"] >= 20, counts["after"]
+
+
+# --- (c) the only prefill lost: degraded mode on decode -------------------------------------------------------------
+def pair_checks_ok(pod: client.V1Pod) -> float:
+    """Decode's runtime counter of passed pair checks (its /metrics on the runtime port, from the pod's address)."""
+    url = f"http://{pod.status.pod_ip}:{contract.RUNTIME_PORT}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "hpd_runtime_pair_checks_total" and s.labels.get("result") == "ok")  # fmt: skip
+
+
+def test_the_only_prefill_deleted_under_traffic_serves_colocated_on_decode_then_pd_again(
+    e2e: E2E,  # noqa: F811
+    ready_cr: dict[str, Any],  # noqa: F811
+) -> None:
+    """No request fails while the endpoint serves colocated on decode: the Service selects the decode pod, which
+    answers on its own (it receives no kv_transfer_params); the CR says Degraded=True PrefillUnavailable with one
+    Event and the metric; once the replacement prefill is Ready the endpoint is the router again (an answer through
+    the new prefill -> the same decode), Degraded is False, one PDRestored Event, nothing fails after. Decode stays
+    the same Ready pod (not restarted) and re-checks its pair with the replacement (its monitor: a new prefill
+    address is checked on the next poll), a check that passes; the operator does not wait for it (fallback.choose
+    counts Ready pods), so whether P/D resumed before that re-check is recorded, not asserted."""
+    patch_spec(e2e.api, e2e.ns, CR, {"prefill": {"replicas": 1}, "decode": {"replicas": 1}})
+    wait_for(lambda: all(len(all_pods(e2e, r)) == 1 and all(ready(p) for p in all_pods(e2e, r))
+                         for r in ("prefill", "decode")),
+             READY_S, what="one Ready prefill and one Ready decode pod",
+             show=lambda: {r: [(p.metadata.name, ready(p)) for p in all_pods(e2e, r)] for r in contract.ROLES})  # fmt: skip
+    wait_ready(e2e.api, e2e.ns, CR, timeout=READY_S)
+    (victim,), (decode,) = pods(e2e, "prefill"), pods(e2e, "decode")
+    decode_restarts = decode.status.container_statuses[0].restart_count
+    checks_before = pair_checks_ok(decode)
+    before_events = cr_reasons(e2e)
+    seen: dict[str, Any] = {}
+    marks: dict[str, float] = {}
+    samples: list[dict[str, Any]] = []
+
+    def on_answer(tr: Traffic, answer: dict[str, Any]) -> None:
+        if colocated_problem(answer) is None:
+            tr.advance("switching", "degraded")  # the data path switched: the first colocated answer
+        elif (r := route(answer)) is not None and r[0] != victim.status.pod_ip:
+            tr.advance("restoring", "after")  # the first answer through the replacement prefill
+
+    def watch() -> None:
+        now = time.monotonic()
+        new = [p for p in all_pods(e2e, "prefill") if p.metadata.name != victim.metadata.name and ready(p)]
+        if new and "replacement_ready" not in marks:
+            marks["replacement_ready"] = now
+            seen["replacement"] = new[0]
+            seen["router_ready_at_replacement_ready"] = [ready(p) for p in all_pods(e2e, "router")]
+        if new:
+            traffic.advance("degraded", "restoring")
+        cr = get_cr(e2e.api, e2e.ns, CR)
+        deg, serving = cond(cr, "Degraded"), (cr.get("status") or {}).get("serving")
+        samples.append({"t": now, "serving": serving, "Degraded": deg.get("reason"),
+                        "DataPathVerified": cond(cr, "DataPathVerified").get("status"),
+                        "decode_ready": ((cr.get("status") or {}).get("decode") or {}).get("readyReplicas")})  # fmt: skip
+        if deg.get("reason") == "PrefillUnavailable" and "cr_degraded" not in marks:
+            marks["cr_degraded"], seen["degraded"], seen["serving"] = now, deg, serving
+        if "cr_degraded" in marks and serving == "router" and "cr_restored" not in marks:
+            marks["cr_restored"] = now
+            seen["data_path_verified_at_restore"] = cond(cr, "DataPathVerified")
+        if "metric_colocated" not in marks and colocated_metric(e2e, "decode") == 1.0:
+            marks["metric_colocated"] = now
+        if "replacement_ready" in marks and "decode_rechecked" not in marks and pair_checks_ok(decode) > checks_before:
+            marks["decode_rechecked"] = now  # decode's runtime counted a passed pair check (with the replacement)
+
+    traffic = Traffic(cluster_ip_url(e2e), on_answer=on_answer)
+    with traffic, polling(watch, 0.1):
+        traffic.wait_answered("before", 10)
+        traffic.advance("before", "switching")
+        client.CoreV1Api(e2e.api).delete_namespaced_pod(victim.metadata.name, e2e.ns)
+        t_delete = time.monotonic()
+        show = lambda: (since(t_delete, marks), traffic.summary())  # noqa: E731
+        wait_for(lambda: "degraded" in traffic.marks, READY_S, what="a colocated answer", show=show)
+        wait_for(lambda: "cr_degraded" in marks, 60, what="Degraded=True PrefillUnavailable",
+                 show=lambda: samples[-3:])  # fmt: skip
+        wait_for(lambda: "metric_colocated" in marks, 60, what="hpd_operator_serving_colocated{role=decode} 1",
+                 show=show)  # fmt: skip
+        traffic.wait_answered("degraded", 5)
+        wait_for(lambda: "after" in traffic.marks, READY_S, what="an answer through the replacement prefill",
+                 show=show)  # fmt: skip
+        traffic.wait_answered("after", 10)
+        wait_for(lambda: "decode_rechecked" in marks, 120, what="decode's passed pair check with the replacement",
+                 show=lambda: (show(), pair_checks_ok(decode), checks_before))  # fmt: skip
+        n_after = len(traffic.of("after"))
+        wait_for(lambda: len([s for s in traffic.of("after") if s.answer is not None]) >= n_after + 10, 120,
+                 what="10 more answers after decode's re-check", show=show)  # fmt: skip
+    final = wait_cr(e2e.api, e2e.ns, CR, lambda c: cond(c, "Degraded").get("status") == "False", "Degraded=False",
+                    timeout=120)  # fmt: skip
+    wait_for(lambda: colocated_metric(e2e, "decode") == 0.0, 60, what="hpd_operator_serving_colocated 0",
+             show=lambda: colocated_metric(e2e, "decode"))  # fmt: skip
+    wait_for(lambda: cr_reasons(e2e).count("PDRestored") > before_events.count("PDRestored"), 60, what="PDRestored",
+             show=lambda: cr_reasons(e2e))  # fmt: skip
+    new_events = list((Counter(cr_reasons(e2e)) - Counter(before_events)).elements())
+
+    replacement: client.V1Pod = seen["replacement"]
+    ours = {s.prompt for s in traffic.results}  # (the runtime's own requests send token ids: a list)
+    at_new_prefill = recorded(replacement)
+    at_decode = recorded(decode)
+    # decode's pair check with the replacement: the prompts it sent there (X-Request-Id hpd-pair-*), then to itself
+    pair_rids = {r["request_id"] for r in at_new_prefill if str(r.get("request_id") or "").startswith("hpd-pair-")}
+    pair_at_decode = [r for r in at_decode if r.get("request_id") in pair_rids]
+    routed_at_new_prefill = [r for r in at_new_prefill if str((r["body"] or {}).get("prompt")) in ours]
+    first_routed = min((r["t"] for r in routed_at_new_prefill), default=None)
+    first_pair = min((r["t"] for r in at_new_prefill if r.get("request_id") in pair_rids), default=None)
+    last_pair = max((r["t"] for r in pair_at_decode), default=None)
+
+    ended_before, in_flight = split_at(traffic.of("before"), t_delete)
+    counts = {"before": phase_counts(ended_before), "in_flight_at_delete": phase_counts(in_flight)}
+    counts |= {p: phase_counts(traffic.of(p)) for p in ("switching", "degraded", "restoring", "after")}
+    rechecked_at = marks["decode_rechecked"]
+    counts["after_decode_rechecked"] = phase_counts([s for s in traffic.of("after") if s.at > rechecked_at])
+    switch = {**since(t_delete, marks), **since(t_delete, {f"{k}_phase": v for k, v in traffic.marks.items()})}
+    engine_clock = {"first_routed_request_at_replacement": first_routed,  # the engines' time.monotonic(): the host's
+                    "first_pair_check_request_at_replacement": first_pair,  # (containers share CLOCK_MONOTONIC)
+                    "last_pair_check_request_at_decode": last_pair}  # fmt: skip
+    window = in_flight + traffic.of("switching")  # in flight at the delete, or sent before the first colocated answer
+    during = [
+        s for s in samples if marks.get("cr_degraded", t_delete) <= s["t"] < marks.get("cr_restored", float("inf"))
+    ]
+    result = {
+        "scenario": "CR with 1 prefill and 1 decode, degradedMode on (default); the prefill pod deleted (graceful) "
+        f"under {WORKERS} clients",
+        "phases": "by the time a request was sent: before (until the delete; in_flight_at_delete: sent before, "
+        "answered or failed after it), switching (until the first colocated answer), degraded (until the replacement "
+        "prefill was seen Ready), restoring (until the first answer through it), after (after_decode_rechecked: "
+        "the part of after sent once decode's runtime had counted its passed pair check with the replacement)",
+        "per_phase": counts,
+        "switch_window": {**phase_counts(window), "what": "in flight at the delete or sent before the first "
+                          "colocated answer: the only requests allowed to fail"},
+        "seconds_after_delete": switch,
+        "engine_seconds_after_delete": {k: None if v is None else round(v - t_delete, 2)
+                                        for k, v in engine_clock.items()},
+        "pd_resumed_before_decode_rechecked": None if first_routed is None or first_pair is None
+        else first_routed < first_pair,
+        "pd_resumption_vs_recheck": "the operator switches the endpoint back once a prefill pod is Ready "
+        "(fallback.choose counts Ready pods of both roles); decode stays Ready and re-checks a new prefill address "
+        "on its monitor's next poll (HPD_PAIR_RECHECK_SECONDS, 10 s by default): nothing orders the two",
+        "decode_pair_check_with_replacement": {"prompts_at_replacement": len(pair_rids),
+                                               "requests_at_decode": len(pair_at_decode),
+                                               "passed_checks_counted": pair_checks_ok(decode) - checks_before},
+        "data_path_verified_at_restore": seen.get("data_path_verified_at_restore"),
+        "status_while_degraded": {"samples": len(during), "serving_seen": sorted({str(s["serving"]) for s in during}),
+                                  "decode_ready_seen": sorted({str(s["decode_ready"]) for s in during})},
+        "failed_sent_s_after_delete": failed_at(traffic.results, t_delete),
+        "router_pod_ready_when_the_replacement_turned_ready": seen.get("router_ready_at_replacement_ready"),
+        "degraded_condition": seen["degraded"],
+        "events_after_delete": new_events,
+        "requests": phase_counts(traffic.of("before") + traffic.of("switching") + traffic.of("degraded")
+                                 + traffic.of("restoring") + traffic.of("after")),
+    }  # fmt: skip
+    record("only_prefill_deleted_degraded_mode", result)
+    print(json.dumps(result, indent=1, default=str))
+
+    # failures only in the switch window (requests in flight at the delete or sent before the first colocated
+    # answer), none a hang: 0 failed before, 0 from the first colocated answer on (degraded, restoring, after)
+    assert counts["before"]["failed"] == 0, counts["before"]
+    assert all(c["timed_out"] == 0 for c in counts.values()), counts
+    for phase in ("degraded", "restoring", "after"):
+        assert counts[phase]["failed"] == 0, (phase, counts[phase], failed_at(traffic.of(phase), t_delete))
+    # the switch: the CR says so, with one Event and the metric
+    assert seen["degraded"]["status"] == "True" and seen["degraded"]["message"].startswith("serving colocated on "
+                                                                                          "decode"), seen  # fmt: skip
+    assert seen["serving"] == "colocated on decode", seen
+    assert new_events.count("PrefillUnavailable") == 1 and new_events.count("PDRestored") == 1, new_events
+    assert "DecodeUnavailable" not in new_events, new_events
+    # degraded: every request answered, by decode itself, which received it without kv_transfer_params
+    degraded = traffic.of("degraded")
+    assert degraded, counts
+    replacement_ip = replacement.status.pod_ip
+    # (an answer through the replacement may end the phase before the poll saw the replacement Ready)
+    odd = [(colocated_problem(s.answer), s.answer) for s in degraded if s.answer is not None
+           and (route(s.answer) or (replacement_ip,))[0] != replacement_ip]  # fmt: skip
+    assert all(problem is None for problem, _ in odd), odd
+    decode_got = {str((r["body"] or {}).get("prompt")): r for r in at_decode}
+    colocated = [s for s in degraded if s.answer is not None and route(s.answer) is None]
+    assert colocated, counts
+    for s in colocated:
+        got = decode_got.get(s.prompt)
+        assert got is not None and not got["body"].get("kv_transfer_params"), (s.prompt, got)
+    # decode stayed the same pod, never restarted, and served throughout (the degraded endpoint is decode)
+    now_decode = pods(e2e, "decode")
+    assert [p.metadata.uid for p in now_decode] == [decode.metadata.uid], "the decode pod was replaced"
+    assert now_decode[0].status.container_statuses[0].restart_count == decode_restarts, "decode restarted"
+    assert {s["serving"] for s in during} <= {"colocated on decode"}, during
+    # decode re-checked its pair with the replacement prefill (its monitor's promise) and the check passed
+    assert pair_rids and pair_at_decode, ("decode sent no pair check to the replacement prefill", len(at_new_prefill))
+    assert pair_checks_ok(decode) > checks_before
+    # back to P/D: answers go the replacement prefill -> the same decode, nothing fails after
+    after = traffic.of("after")
+    assert {route(s.answer) for s in after if s.answer} == {(replacement_ip, decode.status.pod_ip)}
+    assert counts["after_decode_rechecked"]["answered"] >= 10, counts["after_decode_rechecked"]
+    assert (final.get("status") or {}).get("serving") == "router", final.get("status")
