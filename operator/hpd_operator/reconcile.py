@@ -118,7 +118,9 @@ def degraded_mode(run: Run, plan: generations.Plan) -> Fallback | None:
         run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
     )
     gen = live.generations.get(plan.route.hash)
-    return choose_fallback(run.cr, plan, gen.pods if gen is not None else {}, run.cache.nodes)
+    serving = (run.body.get("status") or {}).get("serving")
+    pods = gen.pods if gen is not None else {}
+    return choose_fallback(run.cr, plan, pods, run.cache.nodes, router_pods=live.router_pods, serving=serving)
 
 
 def scale(run: Run, plan: generations.Plan) -> None:

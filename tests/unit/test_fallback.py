@@ -62,6 +62,31 @@ def test_no_fallback_with_both_roles_none_off_or_before_the_generation_served() 
     assert fb is not None and fb.role == "prefill"
 
 
+def test_a_fallback_in_force_holds_until_a_router_pod_is_ready() -> None:
+    """Back to the router only once a router pod is Ready: before, the Service would select only NotReady router
+    pods and kube-proxy would refuse every connection (seen on the real node: 140 of 144 refused)."""
+    both = {"prefill": [pod("prefill", True)], "decode": [pod("decode", True)]}
+    waiting, up = [pod("router", False)], [pod("router", False), pod("router", True)]
+    fb = choose(cr(), PLAN, both, router_pods=waiting, serving="colocated on decode")
+    assert fb is not None and (fb.role, fb.missing, fb.reason, fb.serving) == (
+        "decode", "prefill", Reason.PREFILL_UNAVAILABLE, "colocated on decode")  # fmt: skip
+    assert fb.awaiting_router and fb.message == (
+        "serving colocated on decode: prefill pods of generation 1 are Ready again; the endpoint selects its decode "
+        "pods directly until a router pod is Ready"
+    )
+    assert choose(cr(), PLAN, both, router_pods=up, serving="colocated on decode") is None
+    fb = choose(cr(), PLAN, both, router_pods=[], serving="colocated on prefill")  # no router pod at all: hold
+    assert fb is not None and (fb.role, fb.awaiting_router) == ("prefill", True)
+    # never a fallback that was not in force (a router that is slow to start, a router crash), nor one whose role
+    # has no Ready pod left, nor when degraded mode is off
+    assert choose(cr(), PLAN, both, router_pods=waiting, serving="router") is None
+    assert choose(cr(), PLAN, both, router_pods=waiting, serving=None) is None
+    only_prefill_ready = {"prefill": [pod("prefill", True)], "decode": [pod("decode", False)]}
+    fb = choose(cr(), PLAN, only_prefill_ready, router_pods=waiting, serving="colocated on decode")
+    assert fb is not None and (fb.role, fb.awaiting_router) == ("prefill", False)
+    assert choose(cr(degradedMode=False), PLAN, both, router_pods=waiting, serving="colocated on decode") is None
+
+
 def test_the_endpoint_selects_the_serving_pods_and_opens_their_port() -> None:
     c = cr()
     fb = choose(c, PLAN, {"prefill": [pod("prefill", True)], "decode": []})
