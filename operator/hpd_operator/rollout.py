@@ -268,7 +268,11 @@ class Rollout:
             state = "Blocked" if self.target_problems() else "Starting"
         else:
             state = "Draining"
-        out: dict[str, Any] = {"number": self.number(h), "hash": h, "state": state, "served": h in self.plan.served}
+        # The routed generation with every desired replica Ready serves now (generations.plan_rollout's own rule),
+        # as this very status reports it: not only from the next reconcile on, which read the pods before the writes.
+        serves = h == self.plan.route.hash and all(t[r].ready_all for r in contract.ROLES)
+        out: dict[str, Any] = {"number": self.number(h), "hash": h, "state": state,
+                               "served": h in self.plan.served or serves}  # fmt: skip
         out.update({r: f"{t[r].ready}/{t[r].desired}" for r in contract.ROLES})
         why = [problem_text(t[r].problems) for r in contract.ROLES if t[r].problems]
         why += [d for r in contract.ROLES if not t[r].ready_all and (d := self.view.details.get((h, r)))]
