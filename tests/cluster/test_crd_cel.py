@@ -24,15 +24,23 @@ G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
 
 
 @pytest.fixture(scope="module")
-def crd_installed(kubeconfig: Path) -> None:
+def crd_installed(kubeconfig: Path, api_client: client.ApiClient) -> None:
     from hpd_devcluster.build import binaries
+    from hpd_devcluster.testing import wait_for
 
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     kubectl = str(binaries().kubectl)
     subprocess.run([kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(CRD)], env=env, check=True,
                    capture_output=True, timeout=60)  # fmt: skip
-    subprocess.run([kubectl, "wait", "--for=condition=Established", "--timeout=30s", f"crd/{P}.{G}"], env=env,
-                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    ext = client.ApiextensionsV1Api(api_client)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(f"{P}.{G}").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    # polled, not `kubectl wait`: that fails at once when it runs before the CRD's first status (as it did when this
+    # module was the first of its xdist worker to install the CRD), like the cluster tests' session `crd` fixture
+    wait_for(established, 30, what="the CRD Established")
 
 
 def dry_run(api: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> str | None:
