@@ -171,3 +171,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = outcome.get_result()  # type: ignore[attr-defined]
     if rep.when == "call":  # read by `operator_logs`
         item.rep_call = rep  # type: ignore[attr-defined]
+    _record_phase(item.nodeid, call)
+
+
+def _record_phase(nodeid: str, call: pytest.CallInfo[None]) -> None:
+    """Each test phase's worker, start (epoch s) and duration, one JSON line in $HPD_TEST_TIMINGS when it is set: what
+    each worker ran when (bench/results' test-time tables; `--durations` has no worker and no start)."""
+    path = os.environ.get("HPD_TEST_TIMINGS")
+    if path:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        line = {"test": nodeid, "phase": call.when, "worker": worker, "start": round(call.start, 2),
+                "seconds": round(call.duration, 2)}  # fmt: skip
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
