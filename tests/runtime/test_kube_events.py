@@ -4,7 +4,11 @@ the operator gives decode pods, the Event reaching status.kvPath, and what that 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from hpd_runtime import contract as c
 from hpd_runtime import kube_events as ke
@@ -49,3 +53,78 @@ def test_the_event_is_about_the_pod_and_carries_the_figures() -> None:
     assert body["reason"] == c.EVENT_REASON_KV_PATH and body["type"] == "Warning" and len(body["message"]) == 1024
     assert body["metadata"] == {"generateName": "d-0.", "namespace": "ns", "annotations": ann}
     assert body["lastTimestamp"] == "1970-01-01T00:00:00Z"
+
+
+class Lease:
+    """Stands in for the apiserver: the kv-reporter Lease's patches and the Events, as posted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, status: int = 200) -> None:
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.status = status
+        monkeypatch.setattr(ke, "patch_report", self._patch)
+        monkeypatch.setattr(ke, "post", lambda t, body: self.events.append(dict(body)) or 201)
+
+    def _patch(self, t: ke.Target, body: dict[str, Any]) -> int:
+        self.patches.append(body)
+        return self.status
+
+    def reports(self) -> list[dict[str, Any]]:
+        return [json.loads(v) for p in self.patches for v in p["metadata"]["annotations"].values()]
+
+
+TARGET = ke.Target("https://10.0.0.1:443", "/t", None, "d-0", "ns", "uid-1", lease="m-kv-reporter")
+P1 = [{"ip": "10.0.0.5", "verifiedTime": "2026-12-03T10:00:00Z"}]
+P2 = [*P1, {"ip": "10.0.0.9", "verifiedTime": "2026-12-03T10:00:20Z"}]
+
+
+def test_the_report_lists_the_verified_prefills_and_an_empty_list_is_a_list() -> None:
+    patch = ke.report_patch(TARGET, {"uid": "uid-1", "bytesPerSecond": 5, "prefills": P1, "transport": None})
+    doc = json.loads(patch["metadata"]["annotations"][c.ANNOTATION_KV_REPORT_PREFIX + "uid-1"])
+    assert doc == {"uid": "uid-1", "bytesPerSecond": 5, "prefills": P1, "pod": "d-0"}
+    assert c.KV_REPORT_PREFILLS in c.KV_REPORT_FIELDS
+    empty = ke.report_patch(TARGET, {"uid": "uid-1", "prefills": []})  # none verified: known, not absent
+    assert json.loads(empty["metadata"]["annotations"][c.ANNOTATION_KV_REPORT_PREFIX + "uid-1"])["prefills"] == []
+
+
+def test_a_changed_prefill_list_is_written_at_once_without_figures_and_an_unchanged_one_waits_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Degraded mode's switch back waits for a decode to list the new prefill: the list cannot wait for KV figures
+    (a check that measured none) nor for the figures' rate limit."""
+    lease, r = Lease(monkeypatch), ke.Reporter(TARGET)
+    assert r.report("KV moved", rate=10e9, per_request=1e6, fabric="rdma", slow=False, prefills=P1)
+    assert len(lease.events) == 1 and lease.reports()[-1]["prefills"] == P1
+    figures = {k: v for k, v in lease.reports()[-1].items() if k != "prefills"}
+    # unchanged list, figures not due (a canary that moved a little): nothing written
+    assert not r.report("KV moved", rate=11e9, per_request=1e6, fabric="rdma", slow=False, prefills=P1)
+    assert not r.peers(P1) and len(lease.patches) == 1
+    # a new prefill verified, figures not due: the Lease gets the list at once, with the last figures as they were
+    assert r.report("KV moved", rate=11e9, per_request=1e6, fabric="rdma", slow=False, prefills=P2)
+    assert len(lease.patches) == 2 and len(lease.events) == 1  # no Event: it carries the figures
+    assert lease.reports()[-1] == {**figures, "prefills": P2}
+    # a peer gone, no figures at all: the list alone
+    assert r.peers([]) and lease.reports()[-1] == {**figures, "prefills": []}
+    # figures due again (more than 2x): written with the list the Lease holds
+    assert r.report("KV slow", rate=1e9, per_request=1e6, fabric="rdma", slow=False)
+    assert lease.reports()[-1]["prefills"] == [] and lease.reports()[-1]["bytesPerSecond"] == 1e9
+
+
+def test_a_decode_without_figures_reports_its_prefills_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    lease, r = Lease(monkeypatch), ke.Reporter(TARGET)
+    assert r.peers(P1) and lease.reports() == [{"uid": "uid-1", "prefills": P1, "pod": "d-0"}] and not lease.events
+    assert not ke.Reporter(ke.Target("s", "/t", None, "d-0", "ns", "uid-1")).peers(P1)  # no Lease: nothing
+
+
+def test_a_failed_list_write_is_logged_not_raised_and_retried_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    lease, r = Lease(monkeypatch, status=500), ke.Reporter(TARGET)
+    assert not r.peers(P1) and len(lease.patches) == 1
+    assert not r.peers(P1) and len(lease.patches) == 1  # the same list: not before PEERS_RETRY_SECONDS
+    assert not r.peers(P2) and len(lease.patches) == 2  # a newer list: at once
+    lease.status = 200
+    assert r.failed_peers is not None
+    r.failed_peers = (P2, r.failed_peers[1] - ke.PEERS_RETRY_SECONDS)
+    assert r.peers(P2) and len(lease.patches) == 3 and r.last_peers == P2 and r.failed_peers is None
+    # the token file gone: a write that failed, not an exception
+    monkeypatch.undo()
+    assert ke.patch_report(TARGET, {"metadata": {}}) == 0

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
+import json
 import math
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
 from hpd_runtime import contract as c
+from hpd_runtime import kube_events as ke
+from hpd_runtime import kvstats
 from hpd_runtime import paircheck as pc
 from hpd_runtime import warmup as w
 from hpd_runtime.config import RuntimeConfig, load_config
-from hpd_runtime.pairing import RESTART_AFTER_FAILURES, PairMonitor
+from hpd_runtime.pairing import RESTART_AFTER_FAILURES, PairChecker, PairMonitor, PairResult
 from hpd_runtime.readiness import ReadinessServer, RuntimeMetrics, RuntimeState, evaluate_readiness
 from hpd_runtime.warmup import Warmup
 
@@ -369,3 +374,106 @@ def test_the_last_round_of_the_start_up_pair_check_runs_its_prompts_together(
     wu.monitor.step()  # the canary: its prompts one after another
     canary = pd_arrivals(decode)[len(t) :]
     assert len(canary) == c.CANARY_LENGTHS and canary[1] - canary[0] >= 2 * delay * 0.9, canary
+
+
+# --- the verified peers on the KV path report (no vLLM: a stand-in checker) -----------------------------------------
+
+
+class Checker:
+    """A pair check that passes (or not) at once, with or without KV figures."""
+
+    def __init__(self) -> None:
+        self.ok, self.kv = True, None
+        self.checked: list[tuple[str, int]] = []
+
+    def check(self, host: str, port: int, *, canary: bool = False) -> PairResult:
+        self.checked.append((host, port))
+        return PairResult(self.ok, "ok" if self.ok else pc.DIFFERS + " via prefill", (), self.kv)
+
+
+class Dns:
+    """The prefill headless Service's answer and each address's boot id."""
+
+    def __init__(self) -> None:
+        self.boots: dict[str, str] = {}
+
+    def resolve(self, service: str, port: int) -> list[tuple[str, int]]:
+        return [(ip, port) for ip in sorted(self.boots)]
+
+    def identity(self, host: str, port: int) -> str | None:
+        return self.boots.get(host)
+
+
+def reporting_monitor(monkeypatch: pytest.MonkeyPatch) -> tuple[PairMonitor, Checker, Dns, list[dict[str, Any]]]:
+    """A decode's monitor whose reporter writes to a stand-in Lease: returns the reports the Lease got, in order."""
+    written: list[dict[str, Any]] = []
+
+    def patch(t: ke.Target, body: dict[str, Any]) -> int:
+        written.extend(json.loads(v) for v in body["metadata"]["annotations"].values())
+        return 200
+
+    monkeypatch.setattr(ke, "patch_report", patch)
+    monkeypatch.setattr(ke, "post", lambda t, body: 201)
+    cfg = load_config({c.ENV_ROLE: "decode", c.ENV_MODEL: "m", c.ENV_WARMUP_PAIR_CHECK: "true",
+                       c.ENV_PREFILL_SERVICE: "demo-prefill.ns.svc", c.ENV_CANARY_SECONDS: "0"})  # fmt: skip
+    checker, dns = Checker(), Dns()
+    monitor = PairMonitor(cfg, RuntimeState(RuntimeMetrics()), cast("PairChecker", checker), threading.Event(),
+                          resolver=dns.resolve, identity=dns.identity)  # fmt: skip
+    monitor.reporter = ke.Reporter(ke.Target("https://10.0.0.1:443", "/t", None, "d-0", "ns", "u", lease="m-kv"))
+    return monitor, checker, dns, written
+
+
+def ips(report: dict[str, Any]) -> list[str]:
+    return [p["ip"] for p in report[c.KV_REPORT_PREFILLS]]
+
+
+def test_the_report_lists_the_verified_prefills_as_they_change_with_or_without_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator holds degraded mode on decode until a Ready decode lists a Ready prefill pod as verified: the
+    list reaches the Lease when a prefill passes (also from a check that measured no KV figures), fails or is gone,
+    and not while nothing changes."""
+    monitor, checker, dns, written = reporting_monitor(monkeypatch)
+    dns.boots = {"10.0.0.5": "boot-1"}
+    monitor.step()  # a new address: checked, passed, no figures: the list alone
+    assert checker.checked == [("10.0.0.5", 8000)] and len(written) == 1
+    assert ips(written[-1]) == ["10.0.0.5"] and "bytesPerSecond" not in written[-1]
+    first = written[-1][c.KV_REPORT_PREFILLS][0]["verifiedTime"]
+    assert abs(time.time() - ke_time(first)) < 5
+    monitor.step()  # nothing changed: nothing written
+    assert len(written) == 1
+    dns.boots = {}  # the prefill pod deleted: gone from the Service
+    monitor.step()
+    assert len(written) == 2 and ips(written[-1]) == []
+    dns.boots = {"10.0.0.9": "boot-1"}  # its replacement, once checked (figures this time: one write with both)
+    checker.kv = kvstats.KVSpan(bytes=4e9, seconds=1.0, transfers=10, failed=0)
+    monitor.step()
+    assert len(written) == 3 and ips(written[-1]) == ["10.0.0.9"] and written[-1]["bytesPerSecond"] == 4e9
+    checker.ok, dns.boots = False, {"10.0.0.9": "boot-2"}  # its vLLM restarted, and the pair now fails: unlisted
+    monitor.step()
+    assert len(written) == 4 and ips(written[-1]) == [] and written[-1]["bytesPerSecond"] == 4e9
+
+
+def test_a_new_process_at_a_verified_address_is_listed_with_the_time_of_its_own_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An IP taken over by another prefill pod: the entry's time moves to that pod's check, so the operator never
+    counts the earlier pod's check for the later pod; a canary of the same process keeps the time."""
+    monitor, checker, dns, written = reporting_monitor(monkeypatch)
+    dns.boots = {"10.0.0.5": "boot-1"}
+    monitor.step()
+    monitor.verified_at[("10.0.0.5", 8000)] -= 600  # checked 10 minutes ago
+    before = monitor.peer_report()[0]["verifiedTime"]
+    monitor.record("10.0.0.5", 8000, checker.check("10.0.0.5", 8000, canary=True))  # the same process re-proved
+    assert monitor.peer_report()[0]["verifiedTime"] == before
+    dns.boots = {"10.0.0.5": "boot-2"}  # another process (another pod) at the address
+    monitor.step()
+    assert len(checker.checked) == 3 and ke_time(ips_at(written[-1])) > ke_time(before)
+
+
+def ips_at(report: dict[str, Any]) -> str:
+    return str(report[c.KV_REPORT_PREFILLS][0]["verifiedTime"])
+
+
+def ke_time(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

@@ -154,8 +154,17 @@ reads, and watching every ConfigMap of the cluster is read access to all of them
 ANNOTATION_KV_REPORT_PREFIX: Final = f"kv.{GROUP}/"
 """The prefix of a decode pod's report annotation on the kv-reporter Lease; the rest is the pod's uid."""
 KV_REPORT_FIELDS: Final = ("uid", "bytesPerSecond", "bytesPerRequest", "fabric", "belowFloor", "message",
-                           "observedTime", "transport")  # fmt: skip
-"""The keys of one KV path report on that Lease (camelCase, as status.kvPath names them; `uid`: the pod's)."""
+                           "observedTime", "transport", "prefills")  # fmt: skip
+"""The keys of one KV path report on that Lease (camelCase, as status.kvPath names them; `uid`: the pod's;
+`prefills`: KV_REPORT_PREFILLS)."""
+KV_REPORT_PREFILLS: Final = "prefills"
+"""The report's list of the prefill peers whose pair check with this decode passed and still holds, each
+`{"ip": <the pod IP the headless Service answered>, "verifiedTime": <when its current vLLM process passed>}`
+(hpd_runtime.pairing.PairMonitor.peer_report). The prefill pods carry no downward-API uid, so the IP names the pod;
+the time tells a check of an earlier pod that had the same IP from one of the pod that has it now (the operator
+counts an entry for a pod created no later than it, within its clock-skew allowance). Degraded mode's switch back to
+the router waits for a Ready prefill pod in this list (hpd_operator.builders.fallback.choose); a report without the
+key (an older runtime) holds nothing."""
 ANNOTATION_KV_BYTES_PER_SECOND: Final = f"{GROUP}/kv-bytes-per-second"
 ANNOTATION_KV_BYTES_PER_REQUEST: Final = f"{GROUP}/kv-bytes-per-request"
 ANNOTATION_KV_FABRIC: Final = f"{GROUP}/kv-fabric"

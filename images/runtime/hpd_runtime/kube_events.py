@@ -16,6 +16,13 @@ logged, never raised: the report is a convenience, Ready does not depend on it.
 Posting is rate-limited (`Reporter.due`): the first report, a change of the below-floor verdict, a rate that moved by
 more than RATE_CHANGE_FACTOR since the last posted one, or REPOST_SECONDS since it. A canary every 5 minutes thus
 posts about once an hour per decode pod while nothing changes.
+
+The report also lists the prefill peers whose pair check passed and still holds (`prefills`,
+contract.KV_REPORT_PREFILLS): degraded mode's switch back to the router waits until a decode lists a Ready prefill
+pod there. A change of that list is written to the Lease at once, with or without new figures and whatever the
+rate limit (`Reporter.peers`; the last figures are re-sent unchanged, since the annotation is replaced whole); a
+write that failed is retried from the monitor's poll, at most every PEERS_RETRY_SECONDS. No Event for it: the
+Event carries the figures.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ CA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 TIMEOUT_SECONDS = 5.0
 RATE_CHANGE_FACTOR = 2.0
 REPOST_SECONDS = 3600.0
+PEERS_RETRY_SECONDS = 30.0
+"""After a failed write of a changed prefill list, the next try of the same list waits this long (each try may
+block the monitor's poll for TIMEOUT_SECONDS when the apiserver does not answer)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +80,14 @@ def target_from_env(env: Mapping[str, str] | None = None) -> Target | None:
     return Target(server, token, ca if os.path.exists(ca) else None, pod, ns, uid, lease)
 
 
-def _stamp(when: float) -> str:
+def stamp(when: float) -> str:
+    """An RFC 3339 UTC time to the second, as the apiserver writes them."""
     return datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_body(t: Target, type_: str, message: str, annotations: Mapping[str, str], when: float) -> dict[str, Any]:
     """A core/v1 Event about the pod (pure)."""
-    stamp = _stamp(when)
+    at = stamp(when)
     return {
         "apiVersion": "v1",
         "kind": "Event",
@@ -88,8 +99,8 @@ def event_body(t: Target, type_: str, message: str, annotations: Mapping[str, st
         "source": {"component": c.EVENT_COMPONENT_RUNTIME},
         "reportingComponent": c.EVENT_COMPONENT_RUNTIME,
         "reportingInstance": t.pod,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
+        "firstTimestamp": at,
+        "lastTimestamp": at,
         "count": 1,
     }
 
@@ -115,9 +126,12 @@ def patch_report(t: Target, body: Mapping[str, Any]) -> int:
 
 
 def _send(t: Target, method: str, path: str, body: Mapping[str, Any], content_type: str) -> int:
-    with open(t.token_path, encoding="utf-8") as fh:
-        token = fh.read().strip()
-    ctx = ssl.create_default_context(cafile=t.ca_path) if t.ca_path else ssl.create_default_context()
+    try:  # a failed write is logged by the caller, never raised (a token or CA file gone counts as one)
+        with open(t.token_path, encoding="utf-8") as fh:
+            token = fh.read().strip()
+        ctx = ssl.create_default_context(cafile=t.ca_path) if t.ca_path else ssl.create_default_context()
+    except OSError:  # ssl.SSLError too
+        return 0
     req = urllib.request.Request(
         f"{t.server}{path}",
         data=json.dumps(body).encode(),
@@ -133,6 +147,10 @@ def _send(t: Target, method: str, path: str, body: Mapping[str, Any], content_ty
         return 0
 
 
+Peers = list[dict[str, str]]
+"""The report's `prefills` (contract.KV_REPORT_PREFILLS)."""
+
+
 @dataclasses.dataclass
 class Reporter:
     """Posts KV path reports for one decode pod, rate-limited (see the module doc)."""
@@ -141,6 +159,12 @@ class Reporter:
     last_rate: float | None = None
     last_slow: bool | None = None
     last_at: float = 0.0
+    last_figures: dict[str, Any] | None = None
+    """The figures the Lease took last (re-sent with a changed prefill list)."""
+    last_peers: Peers | None = None
+    """The prefill list the Lease holds (None: none written yet)."""
+    failed_peers: tuple[Peers, float] | None = None
+    """A prefill list whose write failed, and when."""
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def due(self, rate: float, slow: bool, now: float) -> bool:
@@ -148,37 +172,82 @@ class Reporter:
             return True
         return not (self.last_rate / RATE_CHANGE_FACTOR <= rate <= self.last_rate * RATE_CHANGE_FACTOR)
 
-    def report(
-        self, message: str, *, rate: float, per_request: float, fabric: str, slow: bool, transport: str | None = None
+    def _store(self, t: Target, figures: Mapping[str, Any] | None, peers: Peers | None, now: float) -> int:
+        """Write the report to the Lease (the caller holds the lock); the HTTP status. On success the Lease holds
+        `figures` (or the last ones) and `peers` (or the last list)."""
+        figures = dict(figures if figures is not None else self.last_figures or {})
+        peers = peers if peers is not None else self.last_peers
+        report = {**figures, "uid": t.uid}
+        if peers is not None:
+            report[c.KV_REPORT_PREFILLS] = peers
+        stored = patch_report(t, report_patch(t, report))
+        if stored == 200:
+            self.last_figures, self.last_peers, self.failed_peers = figures or None, peers, None
+        else:
+            if t.lease is not None:
+                log_event("kv_path_report_failed", level="warning", status=stored, server=t.server)
+            if peers is not None and peers != self.last_peers:
+                self.failed_peers = (peers, now)
+        return stored
+
+    def _peers_locked(self, t: Target, peers: Peers, now: float) -> bool:
+        if t.lease is None or peers == (self.last_peers or []):  # (an empty list before any write says nothing)
+            return False
+        failed = self.failed_peers
+        if failed is not None and failed[0] == peers and now - failed[1] < PEERS_RETRY_SECONDS:
+            return False
+        if self._store(t, None, peers, now) != 200:
+            return False
+        log_event("kv_path_peers", pod=t.pod, prefills=[p.get("ip") for p in peers])
+        return True
+
+    def peers(self, peers: Peers) -> bool:
+        """Write a changed prefill list to the Lease now, with the last figures unchanged (see the module doc); True
+        when the Lease took it. Nothing without a Lease, for an unchanged list, or for the list whose write failed
+        less than PEERS_RETRY_SECONDS ago."""
+        if self.target is None:
+            return False
+        with self._lock:
+            return self._peers_locked(self.target, peers, time.time())
+
+    def report(  # noqa: PLR0913 - the report's figures, each named
+        self,
+        message: str,
+        *,
+        rate: float,
+        per_request: float,
+        fabric: str,
+        slow: bool,
+        transport: str | None = None,
+        prefills: Peers | None = None,
     ) -> bool:
         """Write one report if due (the Lease, then the Event); True when the Lease took it (or, with no Lease
-        configured, when the Event was created)."""
-        if self.target is None:
+        configured, when the Event was created). `prefills`: the verified prefill peers now; a changed list is
+        written at once (as `peers` does) even when the figures are not due."""
+        t = self.target
+        if t is None:
             return False
         now = time.time()
         with self._lock:
             if not self.due(rate, slow, now):
-                return False
+                return prefills is not None and self._peers_locked(t, prefills, now)
             annotations = {
                 c.ANNOTATION_KV_BYTES_PER_SECOND: f"{rate:.0f}",
                 c.ANNOTATION_KV_BYTES_PER_REQUEST: f"{per_request:.0f}",
                 c.ANNOTATION_KV_FABRIC: fabric,
                 c.ANNOTATION_KV_BELOW_FLOOR: "true" if slow else "false",
             }
-            report = {
-                "uid": self.target.uid, "bytesPerSecond": round(rate), "bytesPerRequest": round(per_request),
-                "fabric": fabric, "belowFloor": slow, "message": message[:1024], "observedTime": _stamp(now),
-                "transport": transport,
+            figures = {
+                "bytesPerSecond": round(rate), "bytesPerRequest": round(per_request), "fabric": fabric,
+                "belowFloor": slow, "message": message[:1024], "observedTime": stamp(now), "transport": transport,
             }  # fmt: skip
-            stored = patch_report(self.target, report_patch(self.target, report))
-            if self.target.lease is not None and stored != 200:
-                log_event("kv_path_report_failed", level="warning", status=stored, server=self.target.server)
-            body = event_body(self.target, "Warning" if slow else "Normal", message, annotations, now)
-            status = post(self.target, body)
+            stored = self._store(t, figures, prefills, now)
+            body = event_body(t, "Warning" if slow else "Normal", message, annotations, now)
+            status = post(t, body)
             if status != 201:
-                log_event("kv_path_event_failed", level="warning", status=status, server=self.target.server)
-            if (stored if self.target.lease is not None else status) not in (200, 201):
+                log_event("kv_path_event_failed", level="warning", status=status, server=t.server)
+            if (stored if t.lease is not None else status) not in (200, 201):
                 return False
             self.last_rate, self.last_slow, self.last_at = rate, slow, now
-        log_event("kv_path_event", pod=self.target.pod, type="Warning" if slow else "Normal")
+        log_event("kv_path_event", pod=t.pod, type="Warning" if slow else "Normal")
         return True

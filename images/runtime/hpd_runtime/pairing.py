@@ -32,6 +32,12 @@ not Ready with the reason, and RESTART_AFTER_FAILURES in a row restart vLLM. It 
 Every check and canary reads decode's own NIXL counters around it (`kvstats`): the KV rate and bytes per request go
 into the readiness report (`ok; KV moved at 21.3 GB/s, 178 MB per request over rdma ...`) and the metrics; below the
 floor of the declared fabric (HPD_KV_FLOOR_BYTES_PER_SECOND) the report says so (Ready stays as it is).
+
+The KV path report on the CR's kv-reporter Lease (kube_events) also lists the peers whose pair check passed and still
+holds (`peer_report`: each prefill's IP and when its current vLLM process passed): the operator switches degraded
+mode back to the router only once a decode lists a Ready prefill pod there. It is written as soon as that list
+changes (a peer passed, failed or is gone), with or without KV figures; unchanged, it goes with the rate-limited
+figures.
 """
 
 from __future__ import annotations
@@ -221,6 +227,8 @@ class PairMonitor:
         self.resolver, self.identity, self.on_broken = resolver, identity, on_broken
         self.verified: dict[tuple[str, int], str | None] = {}
         """Peer address -> the boot id it had when its pair check passed."""
+        self.verified_at: dict[tuple[str, int], float] = {}
+        """Peer address -> when its pair check first passed with that boot id (wall clock)."""
         self.was_good = False
         self.failures = 0
         self.last_fault_check = 0.0
@@ -257,12 +265,36 @@ class PairMonitor:
             fabric=fabric,
             slow=slow,
             transport=transport,
+            prefills=self.peer_report(),
         )
+
+    def peer_report(self) -> kube_events.Peers:
+        """The report's `prefills` (contract.KV_REPORT_PREFILLS): each verified peer's address (the prefill pod's IP,
+        as the headless Service answers) and when its current vLLM process passed, so that the operator never takes
+        a check of an earlier pod with the same IP for one of the pod that has it now."""
+        out = []
+        for host, port in sorted(self.verified):
+            entry = {"ip": host}
+            if (at := self.verified_at.get((host, port))) is not None:
+                entry["verifiedTime"] = kube_events.stamp(at)
+            out.append(entry)
+        return out
+
+    def post_peers(self) -> None:
+        """Write the verified peers to the Lease if they changed since the last write (kube_events.Reporter.peers)."""
+        self.reporter.peers(self.peer_report())
+
+    def _forget(self, peer: tuple[str, int]) -> None:
+        self.verified.pop(peer, None)
+        self.verified_at.pop(peer, None)
 
     def record(self, host: str, port: int, result: PairResult) -> None:
         """Apply one check's outcome to the state (used by the warmup's initial check too)."""
         if result.ok:
-            self.verified[(host, port)] = self.identity(host, self.cfg.prefill_runtime_port)
+            boot = self.identity(host, self.cfg.prefill_runtime_port)
+            if (host, port) not in self.verified_at or self.verified.get((host, port)) != boot:
+                self.verified_at[(host, port)] = time.time()  # a new peer, or a new process at that address
+            self.verified[(host, port)] = boot
             self.was_good, self.failures = True, 0
             # the pair was just proven: the canary's period runs from here (the start-up check can take longer
             # than a short period, which made the first canary fire at once after Ready)
@@ -270,10 +302,11 @@ class PairMonitor:
             self.state.set_pair_fault(None)
             self.record_kv(result.kv)
         else:
-            self.verified.pop((host, port), None)
+            self._forget((host, port))
             self.failures += 1
             self.state.set_pair_fault(result.summary)
         self.last_fault_check = time.monotonic()
+        self.post_peers()  # the list changed without KV figures (or they were not due): the operator waits for it
 
     def changed_peers(self) -> list[tuple[str, int]]:
         """Peers that need a check now: new addresses, new boot ids; forgets peers that are gone."""
@@ -282,7 +315,7 @@ class PairMonitor:
         peers = self.resolver(service, self.cfg.prefill_port)
         for gone in set(self.verified) - set(peers):
             log_event("pair_peer_gone", prefill=f"{gone[0]}:{gone[1]}")
-            del self.verified[gone]
+            self._forget(gone)
         out = []
         for host, port in peers:
             boot = self.identity(host, self.cfg.prefill_runtime_port)
@@ -326,6 +359,7 @@ class PairMonitor:
         nothing else is due and the pair is good, the canary on its period."""
         faulted = self.state.pair_fault() is not None
         todo = self.changed_peers()
+        self.post_peers()  # a peer gone; or a write that failed, retried
         if not todo and not faulted and self.canary_due():
             self.canary()
             return
