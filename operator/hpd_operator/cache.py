@@ -6,7 +6,8 @@ the node names. handlers.py feeds it from kopf's watch streams; the reconcile re
 - Trimmed, straight from kopf's body (no full copy first): a child or pod is kept only with the fields the reconcile
   reads (name, uid, versions, our three labels, the hash annotation, owner references, other managers' entries
   reduced to "annotations only, which" or "more"; a Deployment's spec.replicas, status counts and problem
-  conditions; a pod's node, phase, Ready and unschedulable conditions); a CR without managedFields and annotations.
+  conditions; a pod's node, IP, creation time, phase, Ready and unschedulable conditions; a kv-reporter Lease's
+  reports); a CR without managedFields and annotations.
   Repeated strings are interned.
 - Write-through: what the operator itself applied, deleted or wrote as status goes in at once (`put_*` with the
   apiserver's answer), so the next reconcile does not act on a copy older than its own write. A watch event older
@@ -193,23 +194,22 @@ def _pod_conditions(conditions: Any) -> list[dict[str, Any]]:
 
 
 def trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What status.py and podevents.py read of a pod: name, uid, our labels, deletion, node, phase and the Ready
-    and unschedulable conditions; for a pod not bound to a node, its creation time and scheduler."""
+    """What status.py and podevents.py read of a pod: name, uid, creation time, our labels, deletion, node, IP,
+    phase and the Ready and unschedulable conditions; for a pod not bound to a node, its scheduler. (The IP and the
+    creation time name a prefill pod in decode's KV path report: podevents.verified_prefills.)"""
     md, sp, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     meta = {k: md[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp") if k in md}
     meta["namespace"] = _s(meta.get("namespace"))
     meta["labels"] = _labels(md)
+    meta["creationTimestamp"] = _s(md.get("creationTimestamp"))  # unbound: how long it waits (NotScheduled)
     node = sp.get("nodeName")
     spec: dict[str, Any] = {"nodeName": _s(node)} if node else {}
-    if not node:  # unbound: how long it waits, and for which scheduler (status.py: NotScheduled)
-        meta["creationTimestamp"] = _s(md.get("creationTimestamp"))
-        if sp.get("schedulerName"):
-            spec["schedulerName"] = _s(sp.get("schedulerName"))
-    return {
-        "metadata": meta,
-        "spec": spec,
-        "status": {"phase": _s(st.get("phase")), "conditions": _pod_conditions(st.get("conditions"))},
-    }
+    if not node and sp.get("schedulerName"):  # unbound: for which scheduler (status.py: NotScheduled)
+        spec["schedulerName"] = _s(sp.get("schedulerName"))
+    status: dict[str, Any] = {"phase": _s(st.get("phase")), "conditions": _pod_conditions(st.get("conditions"))}
+    if st.get("podIP"):
+        status["podIP"] = st["podIP"]
+    return {"metadata": meta, "spec": spec, "status": status}
 
 
 def trim_cr(body: Mapping[str, Any]) -> dict[str, Any]:

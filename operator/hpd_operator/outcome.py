@@ -14,6 +14,7 @@ from hpd_operator import apply as k8s
 from hpd_operator import generations, metrics, podevents, report
 from hpd_operator.api.names import kv_reporter_name
 from hpd_operator.api.processns import security_event
+from hpd_operator.builders.fallback import verified_ready_prefills
 from hpd_operator.conditions import Reason
 from hpd_operator.context import Run, TransientError
 from hpd_operator.scaling import Bounds, autoscaled_roles, autoscaler_status
@@ -56,6 +57,29 @@ def probe_details(run: Run, live: generations.Live) -> dict[tuple[str, str], str
             if detail:
                 out[(gen.hash, role)] = detail
     return out
+
+
+def kv_reports(run: Run) -> dict[str, Any] | None:
+    """The KV path reports on the CR's kv-reporter Lease (pod uid -> JSON), as the watch cache holds it; None when the
+    Lease is missing or not the CR's."""
+    held = run.cache.child(run.namespace, "coordination.k8s.io/v1", "Lease", kv_reporter_name(run.name))
+    if held is None or not k8s.owned_by(held, run.uid):
+        return None
+    return dict(held.get("reports") or {})
+
+
+def prefills_checked(run: Run) -> tuple[int, int] | None:
+    """(Ready prefill pods of the routed generation that every reporting Ready decode lists as pair-checked, Ready
+    prefill pods), for DataPathVerified's words; None when no decode's report lists its peers."""
+    if run.rollout is None:
+        return None
+    route = run.rollout.plan.route
+    gen = run.rollout.live.generations.get(route.hash)
+    if gen is None:
+        return None
+    verified = podevents.verified_prefills(gen.pods["decode"], gen.pods["prefill"], kv_reports(run))
+    checked = verified_ready_prefills(run.name, route, gen.pods["prefill"], verified, run.nodes)
+    return None if checked is None else (checked.by_every, checked.ready)
 
 
 def kv_path_report(run: Run) -> dict[str, Any] | None:
@@ -105,6 +129,7 @@ def write_report(run: Run) -> dict[str, Any]:
             not_scheduled_after=run.ctl.cfg.not_scheduled_seconds,
             rollout=run.rollout,
             kv_path=kv_path_report(run),
+            prefills_checked=prefills_checked(run),
             fallback=(run.fallback.reason, run.fallback.message, run.fallback.serving) if run.fallback else None,
         )
     )

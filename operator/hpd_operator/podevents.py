@@ -11,7 +11,9 @@ The KV path report is the one thing an engine pod writes itself (hpd_runtime/kub
 its annotation `kv.hybridpd.io/<its uid>` of the Lease `<cr>-kv-reporter`, which only that CR's kv-reporter
 ServiceAccount may patch (its Role names the Lease), and posts the same report as a `KVPath` Event on itself for
 `kubectl describe pod`. The operator reads only the Lease (`kv_path`): an Event can be posted by anyone who may create Events in the namespace
-(another CR's decode pods included), about any pod, with any timestamp, so Events never reach the status.
+(another CR's decode pods included), about any pod, with any timestamp, so Events never reach the status. The same
+report lists the prefill peers whose pair check with that decode passed and still holds (`verified_prefills`):
+degraded mode's switch back to the router waits for a Ready prefill pod in it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+from hpd_runtime import contract
 
 UNHEALTHY = "Unhealthy"
 EVENT_FIELD_SELECTOR = f"involvedObject.kind=Pod,reason={UNHEALTHY}"
@@ -160,3 +164,38 @@ def kv_path(
         if best is None or when > best[0]:
             best = (when, {k: v for k, v in out.items() if v is not None})
     return best[1] if best is not None else None
+
+
+def verified_prefills(
+    decode_pods: Iterable[Mapping[str, Any]],
+    prefill_pods: Iterable[Mapping[str, Any]],
+    reports: Mapping[str, Any] | None,
+) -> list[frozenset[str]] | None:
+    """Per Ready decode pod (of `decode_pods`) whose report on the kv-reporter Lease lists its prefill peers
+    (`prefills`, contract.KV_REPORT_PREFILLS: the pairs it has verified and that still hold): the uids of the
+    `prefill_pods` among them. None when no Ready decode's report carries the list (no report yet, or a runtime from
+    before it): then nothing waits on it.
+
+    A peer is named by its pod IP (prefill pods have no downward-API uid) and when its pair check passed: it is a
+    prefill pod with that IP unless the check is older than the pod (by more than CLOCK_SKEW_SECONDS), which makes
+    it a check of an earlier pod that had the same IP; a check without a readable time counts."""
+    prefills = [
+        (str(md.get("uid") or ""), ip, _stamp(md.get("creationTimestamp")))
+        for p in prefill_pods
+        if (ip := (p.get("status") or {}).get("podIP")) and (md := p.get("metadata") or {}).get("uid")
+    ]
+    out: list[frozenset[str]] = []
+    for uid in _uids(decode_pods, ready=True).values():
+        doc = _report((reports or {}).get(uid)) if uid else None
+        if doc is None or doc.get("uid") != uid or not isinstance(doc.get(contract.KV_REPORT_PREFILLS), list):
+            continue
+        peers: dict[str, list[datetime.datetime | None]] = {}
+        for entry in doc[contract.KV_REPORT_PREFILLS]:
+            if isinstance(entry, Mapping) and isinstance(entry.get("ip"), str):
+                peers.setdefault(entry["ip"], []).append(_stamp(entry.get("verifiedTime")))
+        out.append(frozenset(
+            pod for pod, ip, created in prefills
+            if any(at is None or created is None or (created - at).total_seconds() <= CLOCK_SKEW_SECONDS
+                   for at in peers.get(ip, ()))
+        ))  # fmt: skip
+    return out if out else None

@@ -17,7 +17,7 @@ import urllib3
 from kubernetes import client
 
 from hpd_operator import apply as k8s
-from hpd_operator import drift, generations, metrics, report
+from hpd_operator import drift, generations, metrics, podevents, report
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.parse import parse_cr
 from hpd_operator.builders import build_all, engine_templates, generation_hash, group_roles
@@ -29,7 +29,7 @@ from hpd_operator.conditions import Failure, Reason
 from hpd_operator.context import LWS, PODMONITOR, BuildError, Run, TransientError
 from hpd_operator.controller import Controller
 from hpd_operator.errors import SpecError
-from hpd_operator.outcome import observe, served_generations, write_report
+from hpd_operator.outcome import kv_reports, observe, served_generations, write_report
 from hpd_operator.profile import compute_profile
 from hpd_operator.rolestate import next_pod_check
 from hpd_operator.rollout import generation_answering, generation_desired, generation_ready
@@ -112,7 +112,8 @@ def build(run: Run) -> None:
 
 def degraded_mode(run: Run, plan: generations.Plan) -> Fallback | None:
     """Whether the endpoint serves colocated (hpd_operator.builders.fallback.choose), from the routed generation's
-    pods as the cache holds them: the pod watch reconciles the CR when a pod's readiness changes."""
+    pods and its decodes' pair-checked prefill peers (their reports on the kv-reporter Lease) as the cache holds
+    them: the pod watch reconciles the CR when a pod's readiness changes, the Lease watch when a report changes."""
     assert run.cr is not None
     live = generations.observe(
         run.cache.children(run.namespace, run.instance), run.cache.pods(run.namespace, run.instance), run.uid
@@ -120,7 +121,10 @@ def degraded_mode(run: Run, plan: generations.Plan) -> Fallback | None:
     gen = live.generations.get(plan.route.hash)
     serving = (run.body.get("status") or {}).get("serving")
     pods = gen.pods if gen is not None else {}
-    return choose_fallback(run.cr, plan, pods, run.cache.nodes, router_pods=live.router_pods, serving=serving)
+    verified = podevents.verified_prefills(pods.get("decode") or [], pods.get("prefill") or [], kv_reports(run))
+    return choose_fallback(
+        run.cr, plan, pods, run.cache.nodes, router_pods=live.router_pods, serving=serving, verified_prefills=verified
+    )
 
 
 def scale(run: Run, plan: generations.Plan) -> None:

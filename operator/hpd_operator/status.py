@@ -103,6 +103,9 @@ class Observation:
     """Each autoscaling role's status.<role>.autoscaler (scaling.autoscaler_status)."""
     kv_path: Mapping[str, Any] | None = None
     """The newest KV path report of a Ready decode pod (podevents.kv_path): status.kvPath."""
+    prefills_checked: tuple[int, int] | None = None
+    """(Ready prefill pods of the routed generation every reporting Ready decode lists as pair-checked, Ready prefill
+    pods), from the decodes' reports (podevents.verified_prefills); None when no report lists its peers."""
     fallback: tuple[Reason, str, str] | None = None
     """Degraded mode (hpd_operator.builders.fallback): reason, message, status.serving."""
 
@@ -122,7 +125,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         details.update(gens.serving_details)
     conds = [_role_condition(comp, states[comp], details.get(comp)) for comp in COMPONENTS]
     conds.append(_warmup_condition(spec, states))
-    conds.append(_data_path_condition(spec, states["decode"], details.get("decode"), obs.kv_path))
+    conds.append(_data_path_condition(spec, states["decode"], details.get("decode"), obs.kv_path, obs.prefills_checked))
     conds.append(_profile_condition(obs.profile, failure))
     conds += _progress_conditions(states, failure, fallback)
     if gens is not None:
@@ -227,12 +230,18 @@ def _warmup_condition(spec: HybridPDDeploymentSpec | None, states: Mapping[str, 
 
 
 def _data_path_condition(
-    spec: HybridPDDeploymentSpec | None, decode: RoleState, detail: str | None, kv: Mapping[str, Any] | None = None
+    spec: HybridPDDeploymentSpec | None,
+    decode: RoleState,
+    detail: str | None,
+    kv: Mapping[str, Any] | None = None,
+    prefills: tuple[int, int] | None = None,
 ) -> dict[str, str]:
     """Whether P->D is proven now. Decode is Ready only after its pair check with every Ready prefill and stays Ready
     only while its canary passes, so Ready decode replicas are the proof. `kv`: the newest KV path report of a Ready
     decode (status.kvPath); below the fabric's floor the condition stays True with reason KVPathBelowFloor (a Warning
-    Event on the transition): the path answers correctly, slowly."""
+    Event on the transition): the path answers correctly, slowly. `prefills`: (verified, Ready) prefill pods from the
+    decodes' reports: a prefill that turned Ready after decode did is checked at decode's next re-check, and until
+    then the message counts them instead of claiming every Ready prefill (the status stays True)."""
     ctype = ConditionType.DATA_PATH_VERIFIED
     if spec is None:
         return condition(ctype, None, Reason.UNKNOWN, "the spec is not valid")
@@ -243,7 +252,10 @@ def _data_path_condition(
     canary = check.canary
     if decode.desired > 0 and decode.ready_all:
         measured = f"pod {kv['pod']}: {kv.get('message')}" if kv else "decode's /readyz names the measured rate"
-        msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with every Ready prefill; {canary}; "
+        with_ = "every Ready prefill"
+        if prefills is not None and prefills[0] < prefills[1]:
+            with_ = f"{prefills[0]} of {prefills[1]} Ready prefill pods (the rest at decode's next re-check)"
+        msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with {with_}; {canary}; "
                f"KV over fabric {fabric.fabric} ({measured})")  # fmt: skip
         if note := data_path_note(fabric):
             msg += f"; {note}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hpd_operator.podevents import kv_path, probe_failure, stale_reports
+from hpd_operator.podevents import kv_path, probe_failure, stale_reports, verified_prefills
 
 DIFFERS = "P->D output differs from local on 2/16 prompts via prefill 10.0.0.7:8000: ...; if spec.blockSize is set"
 
@@ -103,3 +103,58 @@ def test_reports_of_pods_long_gone_are_the_stale_ones() -> None:
     }
     assert stale_reports(pods, reports, NOW) == ["uid-bad", "uid-old"]
     assert stale_reports(pods, None, NOW) == []
+
+
+# --- the prefill peers each Ready decode has pair-checked (degraded mode's switch back) ---------------------------
+
+
+def prefill(name: str, ip: str, created: str = "2026-12-03T09:50:00Z") -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created}, "status": {"podIP": ip}}
+
+
+def listing(uid: str, *peers: tuple[str, str | None]) -> str:
+    entries = [{"ip": ip, **({"verifiedTime": at} if at else {})} for ip, at in peers]
+    return json.dumps({"uid": uid, "prefills": entries, "pod": uid.removeprefix("uid-")})
+
+
+def test_each_ready_decode_names_the_prefill_pods_it_verified_by_ip() -> None:
+    decodes = [pod("d-1", ready=True), pod("d-2", ready=True), pod("d-3", ready=False)]
+    prefills = [prefill("p-new", "10.0.0.9"), prefill("p-other", "10.0.0.5")]
+    reports = {
+        "uid-d-1": listing("uid-d-1", ("10.0.0.9", "2026-12-03T09:55:00Z")),
+        "uid-d-2": listing("uid-d-2"),  # verified none (yet): known, empty
+        "uid-d-3": listing("uid-d-3", ("10.0.0.5", "2026-12-03T09:55:00Z")),  # not Ready: not counted
+    }
+    assert verified_prefills(decodes, prefills, reports) == [frozenset({"uid-p-new"}), frozenset()]
+    # a report with figures and the list (the usual one) is read the same
+    both = {"uid-d-1": report("uid-d-1", NOW, prefills=[{"ip": "10.0.0.5", "verifiedTime": NOW}])}
+    assert verified_prefills(decodes, prefills, both) == [frozenset({"uid-p-other"})]
+
+
+def test_no_decode_report_with_the_list_means_unknown_so_nothing_waits() -> None:
+    """An older runtime writes no `prefills`: None (degraded mode then switches back as before), never an empty set
+    that would hold the endpoint on decode for good."""
+    decodes, prefills = [pod("d-1", ready=True)], [prefill("p", "10.0.0.9")]
+    assert verified_prefills(decodes, prefills, None) is None
+    assert verified_prefills(decodes, prefills, {}) is None
+    assert verified_prefills(decodes, prefills, {"uid-d-1": report("uid-d-1", NOW)}) is None  # figures only
+    assert verified_prefills(decodes, prefills, {"uid-d-1": "not json"}) is None
+    assert verified_prefills(decodes, prefills, {"uid-d-1": listing("uid-other", ("10.0.0.9", NOW))}) is None
+    assert verified_prefills([pod("d-1", ready=False)], prefills, {"uid-d-1": listing("uid-d-1")}) is None
+
+
+def test_a_check_of_an_earlier_pod_with_the_same_ip_does_not_count() -> None:
+    """Prefill pods carry no uid in their env, so decode names a peer by IP and the time its check passed: a check
+    from before the pod was created (beyond the clock-skew allowance) was with an earlier pod that had the IP."""
+    decodes, new = [pod("d-1", ready=True)], [prefill("p-new", "10.0.0.9", created="2026-12-03T09:50:00Z")]
+
+    def got(at: str | None) -> list[frozenset[str]] | None:
+        return verified_prefills(decodes, new, {"uid-d-1": listing("uid-d-1", ("10.0.0.9", at))})
+
+    assert got("2026-12-03T09:20:00Z") == [frozenset()]  # 30 minutes before the pod existed
+    assert got("2026-12-03T09:49:30Z") == [frozenset({"uid-p-new"})]  # within the skew allowance
+    assert got("2026-12-03T09:50:12Z") == [frozenset({"uid-p-new"})]
+    assert got(None) == [frozenset({"uid-p-new"})]  # no time: the IP alone
+    # the same IP listed twice (the old check and the new one): the new one counts
+    twice = listing("uid-d-1", ("10.0.0.9", "2026-12-03T09:20:00Z"), ("10.0.0.9", "2026-12-03T09:51:00Z"))
+    assert verified_prefills(decodes, new, {"uid-d-1": twice}) == [frozenset({"uid-p-new"})]
