@@ -16,13 +16,14 @@ containerd, CNI bridge and kube-proxy (test_real_node_e2e's cluster, operator an
     pair check).
 (c) The only prefill deleted under traffic: degraded mode the other way round: the endpoint selects the decode pod,
     which answers on its own (no kv_transfer_params in what it receives); once the Deployment's replacement prefill is
-    Ready the Service selects the router again. The operator does not wait for decode's re-check of the new prefill
-    (fallback.choose counts Ready pods; decode stays Ready: its monitor re-checks a new prefill address on its next
-    poll, hpd_runtime.pairing): asserted is that decode re-checks the replacement and stays the same Ready pod;
-    whether P/D resumed before that re-check is recorded.
+    Ready and decode has passed its pair check with it, the Service selects the router again. Decode stays Ready: its
+    monitor re-checks a new prefill address on its next poll (hpd_runtime.pairing) and lists the peers it verified in
+    its KV path report, which fallback.choose waits for: asserted is that decode re-checks the replacement, stays the
+    same Ready pod, and that P/D resumed only after that re-check.
 
 Clients: `WORKERS` loops of one request at a time to the Service's ClusterIP (bounded, only this node's pods), each
-request counted in the phase it was sent in. Timings are recorded in RESULT (bench/results), never asserted.
+request counted in the phase it was sent in. Timings are recorded in RESULT (bench/results), never asserted (only
+an order: in (c), P/D resumes after decode's re-check).
 """
 
 from __future__ import annotations
@@ -580,8 +581,8 @@ def test_the_only_prefill_deleted_under_traffic_serves_colocated_on_decode_then_
     Event and the metric; once the replacement prefill is Ready the endpoint is the router again (an answer through
     the new prefill -> the same decode), Degraded is False, one PDRestored Event, nothing fails after. Decode stays
     the same Ready pod (not restarted) and re-checks its pair with the replacement (its monitor: a new prefill
-    address is checked on the next poll), a check that passes; the operator does not wait for it (fallback.choose
-    counts Ready pods), so whether P/D resumed before that re-check is recorded, not asserted."""
+    address is checked on the next poll), a check that passes, and the endpoint goes back to the router only after it
+    (fallback.choose waits for a decode's report to list the replacement)."""
     patch_spec(e2e.api, e2e.ns, CR, {"prefill": {"replicas": 1}, "decode": {"replicas": 1}})
     wait_for(lambda: all(len(all_pods(e2e, r)) == 1 and all(ready(p) for p in all_pods(e2e, r))
                          for r in ("prefill", "decode")),
@@ -695,9 +696,10 @@ def test_the_only_prefill_deleted_under_traffic_serves_colocated_on_decode_then_
                                         for k, v in engine_clock.items()},
         "pd_resumed_before_decode_rechecked": None if first_routed is None or first_pair is None
         else first_routed < first_pair,
-        "pd_resumption_vs_recheck": "the operator switches the endpoint back once a prefill pod is Ready "
-        "(fallback.choose counts Ready pods of both roles); decode stays Ready and re-checks a new prefill address "
-        "on its monitor's next poll (HPD_PAIR_RECHECK_SECONDS, 10 s by default): nothing orders the two",
+        "pd_resumption_vs_recheck": "the operator switches the endpoint back once a Ready decode's KV path report "
+        "lists a Ready prefill pod as pair-checked (fallback.choose; and a router pod is Ready); decode stays Ready "
+        "and re-checks a new prefill address on its monitor's next poll (HPD_PAIR_RECHECK_SECONDS, 10 s by default), "
+        "so P/D resumes after that re-check",
         "decode_pair_check_with_replacement": {"prompts_at_replacement": len(pair_rids),
                                                "requests_at_decode": len(pair_at_decode),
                                                "passed_checks_counted": pair_checks_ok(decode) - checks_before},
@@ -748,6 +750,12 @@ def test_the_only_prefill_deleted_under_traffic_serves_colocated_on_decode_then_
     # decode re-checked its pair with the replacement prefill (its monitor's promise) and the check passed
     assert pair_rids and pair_at_decode, ("decode sent no pair check to the replacement prefill", len(at_new_prefill))
     assert pair_checks_ok(decode) > checks_before
+    # ... and only then back to P/D: the first request the router sent the replacement came after the last of the
+    # check's P->D requests at decode (the engines' clock), and the status said `router` no earlier than this poll
+    # saw decode's passed check (the poll reads the CR before decode's counter, which counts before the report; a
+    # status the poll never saw say `router` came later still)
+    assert first_routed is not None and last_pair is not None and first_routed > last_pair, engine_clock
+    assert marks["decode_rechecked"] <= marks.get("cr_restored", float("inf")), since(t_delete, marks)
     # back to P/D: answers go the replacement prefill -> the same decode, nothing fails after
     after = traffic.of("after")
     assert {route(s.answer) for s in after if s.answer} == {(replacement_ip, decode.status.pod_ip)}
