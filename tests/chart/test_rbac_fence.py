@@ -23,8 +23,8 @@ from kubernetes import client, config
 from hpd_devcluster.testing import wait_for
 
 from .conftest import Cluster
-from .helmkit import CHART, Helm, adopt_crd, find, sa_kubeconfig
-from .test_rbac_proof import chart_args, chart_default, leaderworkerset_crd, podmonitor_crd, prove
+from .helmkit import CHART, Helm, adopt_crd, find, sa_kubeconfig, wait_rbac
+from .test_rbac_proof import REMOVED, chart_args, chart_default, leaderworkerset_crd, podmonitor_crd, prove
 
 __all__ = ["leaderworkerset_crd", "podmonitor_crd"]  # the proof's autouse fixtures (the kinds it proves), used here too
 
@@ -199,6 +199,7 @@ def test_the_default_install_confines_the_operators_token_and_the_operator_still
         co.delete_namespaced_custom_object("hybridpd.io", "v1alpha1", work, "hybridpddeployments", "owner")
 
         # ... while the operator, as this ServiceAccount, reconciles a CR there from create to delete, no 403.
+        wait_rbac(k8s.api, rel, own_role, work, dict.fromkeys(REMOVED, True))
         op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))
         prove(k8s.api, op, work, images=(chart_default("vllm"), chart_default("router")))
         assert admin_apps.read_namespaced_deployment("theirs", work).spec.replicas == 0

@@ -24,7 +24,7 @@ from hpd_devcluster.testing import wait_for
 from hpd_runtime import contract
 
 from .conftest import Cluster, OperatorProcess
-from .helmkit import CHART, REPO, adopt_crd, sa_kubeconfig
+from .helmkit import CHART, REPO, adopt_crd, sa_kubeconfig, wait_rbac
 
 pytestmark = pytest.mark.cluster
 G, V, P = contract.GROUP, contract.VERSION, contract.PLURAL
@@ -340,6 +340,7 @@ def test_operator_as_the_chart_service_account_reconciles_updates_and_deletes(sc
     opt_in(k8s.api, work)
     args = chart_args(k8s.api, release, rel)
     assert ("--namespace=" + work in args) == (scope == "namespace")
+    wait_rbac(k8s.api, rel, f"{release}-hybrid-pd-operator", work, dict.fromkeys(REMOVED, True))
     sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
     try:
         op = k8s.start_operator(sa_kc, args)
@@ -389,6 +390,7 @@ def test_removing_one_verb_from_the_chart_rules_makes_the_proof_fail(
     kept = [r for r in rules if r["verbs"]]  # a rule left without verbs goes entirely
     body = {"rules": [{"apiGroups": r["api_groups"], "resources": r["resources"], "verbs": r["verbs"]} for r in kept]}
     rbac.patch_namespaced_role(role.metadata.name, work, body)
+    wait_rbac(k8s.api, rel, f"{release}-hybrid-pd-operator", work, {r: r != removed for r in REMOVED})
     sa_kc = sa_kubeconfig(k8s.kubeconfig, rel, f"{release}-hybrid-pd-operator", k8s.tmp / "sa.kubeconfig")
     try:
         op = k8s.start_operator(sa_kc, chart_args(k8s.api, release, rel))
