@@ -66,7 +66,7 @@ from .test_real_node_e2e import (  # noqa: F401  (e2e, ready_cr: the module-scop
     unique_prompt,
 )
 
-RESULT = REPO / "bench" / "results" / "2026-12-03-real-node-failover.json"
+RESULT = REPO / "bench" / "results" / "2026-12-04-real-node-failover.json"
 WORKERS = 2
 MAX_TOKENS = 2
 NORMAL_S = 30.0
@@ -310,7 +310,7 @@ def record(key: str, data: dict[str, Any]) -> None:
     totals = {k: sum(s["requests"][k] for s in scenarios.values()) for k in ("sent", "answered", "failed")}
     command = "cd /work/main && flock /tmp/hpd-realnode.lock " + shlex.join(getattr(sys, "orig_argv", sys.argv))
     doc = {
-        "date": "2026-12-03",
+        "date": "2026-12-04",
         "what": "failover on the real node (tests/cluster/test_real_node_failover.py): the only decode deleted under "
         "traffic (degraded mode: the endpoint serves colocated on prefill, then P/D again), one decode of two "
         "whose engine process was SIGKILLed under traffic, and the only prefill deleted under traffic (degraded "
