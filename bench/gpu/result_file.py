@@ -14,8 +14,9 @@ from typing import Any
 
 COUNTED = (
     "the requests of the fallback, orphans, load, ttft, ttft-parts (its recorded rounds; the split path counts both "
-    "hops) and sweep steps and cold's P->D vs colocated check (warmup, pair-check and reference requests and "
-    "ttft-parts' untimed round excluded); failed = an HTTP error or no answer"
+    "hops; under load also its failed measured requests and every background request) and sweep steps and cold's "
+    "P->D vs colocated check (warmup, pair-check and reference requests and ttft-parts' untimed round excluded); "
+    "failed = an HTTP error or no answer (a failed split request counts both hops as sent, one as failed)"
 )
 
 
@@ -36,9 +37,17 @@ def counts(run: dict[str, Any]) -> tuple[int, int]:
     for row in (run.get("ttft") or {}).values():
         if isinstance(row, dict):
             sent += sum(len(row[p]["all_s"]) for p in ("pd", "colocated") if p in row)
-    for row in (run.get("ttft_parts") or {}).values():
+    tp = run.get("ttft_parts") or {}
+    loaded = [row for level in (tp.get("under_load") or {}).values() for row in level.values()]
+    for row in [*tp.values(), *loaded]:
         if isinstance(row, dict) and "all" in row:
             sent += sum(len(v) * (2 if path == "split" else 1) for path, v in row["all"].items())
+    for row in loaded:  # under load: the measured requests that failed, and every background request
+        sent += sum(len(v) * (2 if path == "split" else 1) for path, v in (row.get("errors") or {}).items())
+        failed += sum(len(v) for v in (row.get("errors") or {}).values())
+        for path, bg in (row.get("background") or {}).items():
+            sent += bg["requests"] * (2 if path == "split" else 1)
+            failed += bg["errors"]
     for row in (run.get("sweep") or {}).get("rows", []):
         for p in ("pd", "colocated"):
             if "first_s" in row.get(p, {}):

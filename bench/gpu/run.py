@@ -83,7 +83,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1010,6 +1010,10 @@ class Bench:
     after_s: float = 0.0
     """The checked traffic after a restart or a swap (AFTER_S unless --after-s)."""
     routers: list[Router] = dataclasses.field(default_factory=list)
+    parts_levels: tuple[int, ...] = (1, 4, 16)
+    """`ttft-parts`: requests in flight (run_step: PARTS_LEVELS unless --parts-levels)."""
+    parts_lengths: tuple[int, ...] = (2000, 4000, 8000)
+    """`ttft-parts`: prompt lengths (run_step: PARTS_LENGTHS unless --parts-lengths)."""
 
     def until(self, seconds: float) -> float:
         return min(time.perf_counter() + seconds, self.deadline)
@@ -1702,6 +1706,18 @@ def ttft_step(b: Bench, router: Router) -> dict[str, Any]:
 
 PARTS_LENGTHS = (2000, 4000, 8000)
 PARTS_SAMPLES = 5
+PARTS_LEVELS = (1, 4, 16)
+"""Requests in flight at which `ttft-parts` measures (--parts-levels): 1 is the step as first written (one request at
+a time, results at the top level keyed by length), every other level goes under `under_load` (version 2)."""
+PARTS_LOAD_SAMPLES = 4
+"""Measured requests per path and length at a level above 1: one round each, medians over the rounds."""
+PARTS_PATHS = ("router", "split", "colocated_decode", "colocated_prefill")
+PARTS_LOAD_PATHS = ("router", "colocated_decode", "split", "colocated_prefill")
+"""Under load the paths run one after another (each with its own background), the excess over colocated first."""
+PARTS_STACK = ("prefill_queue", "prefill_compute", "descriptor_post", "transfer", "decode_wait", "decode_step",
+               "router_http_frontends")  # fmt: skip
+"""P->D's time to first token through the router as stacked components (`parts_of`, key `stack`), from the router
+path's own figures: its HTTP time and both engines' histograms over it."""
 SERVER_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
                      "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
                      "vllm:nixl_xfer_time_seconds", "vllm:nixl_post_time_seconds")  # fmt: skip
@@ -1736,39 +1752,55 @@ def per_request_ms(before: dict[str, float], after: dict[str, float]) -> dict[st
     return out
 
 
-def split_pd(b: Bench, ids: list[int]) -> dict[str, Any]:
+def window_requests(before: dict[str, float], after: dict[str, float]) -> int:
+    """How many requests an engine finished between two scrapes (its TTFT count; 1-token requests): under load the
+    histograms' means over a measured request's window average over these, all of the measured request's kind."""
+    name = "vllm:time_to_first_token_seconds_count"
+    return int(after.get(name, 0.0) - before.get(name, 0.0))
+
+
+def split_pd(b: Bench, ids: list[int], *, scrape: bool = True, window: bool = False) -> dict[str, Any]:
     """One P->D request sent as vllm-router sends it, without the router: prefill with `do_remote_decode`, then decode
     with the kv_transfer_params prefill answered (one request id for both), each HTTP call timed, and each engine's
-    histograms over it."""
+    histograms over it (`scrape`; off for a background request; `window`: also how many requests each engine
+    finished meanwhile)."""
     p, d = b.roles["prefill"], b.roles["decode"]
     rid = str(uuid.uuid4())
     params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
               "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
-    hp0, hd0 = histogram_sums(p), histogram_sums(d)
+    hp0, hd0 = (histogram_sums(p), histogram_sums(d)) if scrape else ({}, {})
     t_p, resp_p = post(vllm_url(p), {**completion(b.served, ids, 1), "kv_transfer_params": params}, 120, rid)
-    hp1 = histogram_sums(p)
+    hp1 = histogram_sums(p) if scrape else {}
     kv = resp_p.get("kv_transfer_params")
     t_d, _ = post(vllm_url(d), {**completion(b.served, ids, 1), "kv_transfer_params": kv}, 120, rid)
-    hd1 = histogram_sums(d)
-    return {"prefill_http_ms": round(t_p * 1e3, 3), "decode_http_ms": round(t_d * 1e3, 3),
-            "sum_http_ms": round((t_p + t_d) * 1e3, 3), "prefill_server": per_request_ms(hp0, hp1),
-            "decode_server": per_request_ms(hd0, hd1), "kv_params_returned": kv is not None}  # fmt: skip
+    hd1 = histogram_sums(d) if scrape else {}
+    out = {"prefill_http_ms": round(t_p * 1e3, 3), "decode_http_ms": round(t_d * 1e3, 3),
+           "sum_http_ms": round((t_p + t_d) * 1e3, 3), "prefill_server": per_request_ms(hp0, hp1),
+           "decode_server": per_request_ms(hd0, hd1), "kv_params_returned": kv is not None}  # fmt: skip
+    if window:
+        out["window_requests"] = {"prefill": window_requests(hp0, hp1), "decode": window_requests(hd0, hd1)}
+    return out
 
 
-def timed_with_server(b: Bench, url: str, ids: list[int]) -> dict[str, Any]:
-    """One 1-token request to `url`, timed, with both engines' histograms over it."""
+def timed_with_server(b: Bench, url: str, ids: list[int], *, window: bool = False) -> dict[str, Any]:
+    """One 1-token request to `url`, timed, with both engines' histograms over it (`window`: and how many requests
+    each engine finished meanwhile)."""
     p, d = b.roles["prefill"], b.roles["decode"]
     hp0, hd0 = histogram_sums(p), histogram_sums(d)
     t, _ = post(url, completion(b.served, ids, 1), 120)
     hp1, hd1 = histogram_sums(p), histogram_sums(d)
-    return {"http_ms": round(t * 1e3, 3), "prefill_server": per_request_ms(hp0, hp1),
-            "decode_server": per_request_ms(hd0, hd1)}  # fmt: skip
+    out = {"http_ms": round(t * 1e3, 3), "prefill_server": per_request_ms(hp0, hp1),
+           "decode_server": per_request_ms(hd0, hd1)}  # fmt: skip
+    if window:
+        out["window_requests"] = {"prefill": window_requests(hp0, hp1), "decode": window_requests(hd0, hd1)}
+    return out
 
 
 def _median_tree(xs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The per-key median of a list of (nested) dicts of numbers."""
+    """The per-key median of a list of (nested) dicts of numbers (a key missing from some dicts: over those that
+    have it)."""
     out: dict[str, Any] = {}
-    for k in xs[0]:
+    for k in dict.fromkeys(k for x in xs for k in x):
         vals = [x[k] for x in xs if k in x]
         if isinstance(vals[0], dict):
             out[k] = _median_tree(vals)
@@ -1777,23 +1809,185 @@ def _median_tree(xs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def ttft_parts_step(b: Bench, router: Router) -> dict[str, Any]:
-    """Where P->D's time to first token goes, at PARTS_LENGTHS, one request at a time: through the router; the same
-    two hops sent by the bench (split_pd: prefill's HTTP time, decode's HTTP time); colocated on decode and on
+def _sub(a: float | None, *bs: float | None) -> float | None:
+    return None if a is None or any(b is None for b in bs) else round(a - sum(b for b in bs if b is not None), 3)
+
+
+def parts_of(med: dict[str, Any]) -> dict[str, Any]:
+    """What the medians of each path say, in ms. The keys of the first version (router total, colocated on decode,
+    the excess, the bench's own two hops, decode's NIXL transfer and post, the router's own cost as router total minus
+    the two hops) and, from the split path's engine histograms, each engine's queue and its own step (decode's queue
+    holds the wait for the KV: vLLM 0.20 schedules a request whose KV loads asynchronously only once the load is
+    done). `stack`: the router path's own time to first token as PARTS_STACK, from its HTTP time and both engines'
+    histograms over it: prefill's queue and compute (scheduled to first token), decode's NIXL post and the rest of
+    its transfer (NIXL's xferDuration counts from the post to the status check that saw it done), decode's wait
+    outside the transfer (its queue minus the transfer), decode's own step, and what is left of the HTTP time (the
+    router, both HTTP hops and both API servers' own handling). A path that did not run leaves its figures None."""
+    r, s = med.get("router") or {}, med.get("split") or {}
+    cd, cp = med.get("colocated_decode") or {}, med.get("colocated_prefill") or {}
+    sp, sd = s.get("prefill_server") or {}, s.get("decode_server") or {}
+    rp, rd = r.get("prefill_server") or {}, r.get("decode_server") or {}
+    xfer = sd.get("nixl_xfer_time")
+    parts: dict[str, Any] = {
+        "router_total_ms": r.get("http_ms"), "colocated_decode_ms": cd.get("http_ms"),
+        "pd_minus_colocated_ms": _sub(r.get("http_ms"), cd.get("http_ms")),
+        "prefill_hop_ms": s.get("prefill_http_ms"), "decode_hop_ms": s.get("decode_http_ms"),
+        "nixl_xfer_ms": xfer, "nixl_post_ms": sd.get("nixl_post_time"),
+        "decode_hop_minus_xfer_ms": _sub(s.get("decode_http_ms"), xfer),
+        "router_overhead_ms": _sub(r.get("http_ms"), s.get("sum_http_ms")),
+        "colocated_prefill_ms": cp.get("http_ms"),
+        "prefill_queue_ms": sp.get("request_queue_time"), "prefill_compute_ms": sp.get("request_prefill_time"),
+        "decode_queue_ms": sd.get("request_queue_time"), "decode_step_ms": sd.get("request_prefill_time"),
+        "colocated_decode_queue_ms": (cd.get("decode_server") or {}).get("request_queue_time"),
+        "colocated_decode_compute_ms": (cd.get("decode_server") or {}).get("request_prefill_time"),
+    }  # fmt: skip
+    stack = {
+        "prefill_queue": rp.get("request_queue_time"), "prefill_compute": rp.get("request_prefill_time"),
+        "descriptor_post": rd.get("nixl_post_time"), "transfer": _sub(rd.get("nixl_xfer_time"), rd.get("nixl_post_time")),
+        "decode_wait": _sub(rd.get("request_queue_time"), rd.get("nixl_xfer_time")),
+        "decode_step": rd.get("request_prefill_time"),
+    }  # fmt: skip
+    known = [v for v in stack.values() if v is not None]
+    stack["router_http_frontends"] = (
+        round(r["http_ms"] - sum(known), 3) if r.get("http_ms") is not None and len(known) == len(stack) else None
+    )
+    parts["stack"] = stack
+    return parts
+
+
+def parts_estimate_s(b: Bench, n: int, c: int, c1: dict[str, Any]) -> float:
+    """A generous guess of one path's time at `c` in flight and `n` tokens under load (warm-in, the rounds, the
+    drain): the one-at-a-time router time at `n` (measured at level 1, else 30 ms + 28 us a token) times `c`."""
+    one = ((c1.get(str(n)) or {}).get("parts") or {}).get("router_total_ms")
+    t1 = one / 1e3 if one else 0.03 + 28e-6 * n
+    return (PARTS_LOAD_SAMPLES + 2) * c * t1 + 5
+
+
+class PartsBackground:
+    """`c - 1` senders of one path (one request of the same kind each, a new one as soon as the last is answered), so
+    that the measured request is one of `c` in flight; each sender its own seeded prompts."""
+
+    def __init__(self, send: Callable[[list[int]], Any], n: int, c: int, seed: int) -> None:
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.done = 0
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._run, args=(send, n, random.Random(seed + i)), daemon=True)
+                        for i in range(c - 1)]  # fmt: skip
+        for t in self.threads:
+            t.start()
+
+    def _run(self, send: Callable[[list[int]], Any], n: int, rng: random.Random) -> None:
+        while not self.stop.is_set():
+            ids = prompt(rng, n)
+            try:
+                send(ids)
+                with self.lock:
+                    self.done += 1
+            except Exception as exc:
+                with self.lock:
+                    self.errors.append(f"{type(exc).__name__}: {exc}"[:160])
+                self.stop.wait(0.2)
+
+    def wait_done(self, k: int, until: float) -> None:
+        while time.perf_counter() < until and not self.stop.is_set():
+            with self.lock:
+                if self.done >= k:
+                    return
+            time.sleep(0.02)
+
+    def close(self, timeout: float = 130.0) -> dict[str, Any]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout)
+        return {"senders": len(self.threads), "requests": self.done + len(self.errors), "errors": len(self.errors),
+                "error_samples": self.errors[:3]}  # fmt: skip
+
+
+def parts_under_load(
+    b: Bench, router: Router, n: int, c: int, rng: random.Random, c1: dict[str, Any]
+) -> dict[str, Any]:
+    """The PARTS_LOAD_PATHS at `n` tokens with `c` requests in flight: per path, c - 1 background senders of that path
+    (PartsBackground), a warm-in until they have answered c - 1 requests, then PARTS_LOAD_SAMPLES measured requests
+    one after another (each with both engines' histograms over it: their means over every request finished meanwhile,
+    all of the measured request's kind, and how many: `window_requests`), then the background drained before the next
+    path. A path whose guessed time (parts_estimate_s) no longer fits before the deadline is skipped."""
+    p, d = b.roles["prefill"], b.roles["decode"]
+    urls = {"router": router.url, "colocated_decode": vllm_url(d), "colocated_prefill": vllm_url(p)}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    background: dict[str, Any] = {}
+    errors: dict[str, list[str]] = {}
+    skipped: list[str] = []
+    for k, path in enumerate(PARTS_LOAD_PATHS):
+        if time.perf_counter() + parts_estimate_s(b, n, c, c1) > b.deadline:
+            skipped.append(path)
+            continue
+
+        def send(ids: list[int], path: str = path) -> Any:
+            return (
+                split_pd(b, ids, scrape=False)
+                if path == "split"
+                else post(urls[path], completion(b.served, ids, 1), 120)
+            )
+
+        t0 = time.perf_counter()
+        bg = PartsBackground(send, n, c, seed=100_000 * c + 10_000 * k + n)
+        bg.wait_done(c - 1, min(time.perf_counter() + 120, b.deadline))
+        warm_s = time.perf_counter() - t0
+        got: list[dict[str, Any]] = []
+        errs: list[str] = []
+        for _ in range(PARTS_LOAD_SAMPLES):
+            if time.perf_counter() + 5 > b.deadline:
+                break
+            ids = prompt(rng, n)
+            try:
+                got.append(split_pd(b, ids, window=True) if path == "split"
+                           else timed_with_server(b, urls[path], ids, window=True))  # fmt: skip
+            except Exception as exc:
+                errs.append(f"{type(exc).__name__}: {exc}"[:160])
+        background[path] = {**bg.close(), "warm_in_s": round(warm_s, 2),
+                            "path_s": round(time.perf_counter() - t0, 2)}  # fmt: skip
+        rows[path] = got
+        if errs:
+            errors[path] = errs
+    med = {k: _median_tree(v) for k, v in rows.items() if v}
+    out: dict[str, Any] = {"in_flight": c, "samples": PARTS_LOAD_SAMPLES, "median": med, "parts": parts_of(med),
+                           "all": rows, "background": background}  # fmt: skip
+    if errors:
+        out["errors"] = errors
+    if skipped:
+        out["skipped_paths"] = {"deadline": skipped}
+    return out
+
+
+def parts_load_order(lengths: Sequence[int]) -> list[int]:
+    """The lengths under load, the shortest and the longest first (what the deadline leaves out comes last)."""
+    ls = sorted(lengths)
+    return list(dict.fromkeys([ls[0], ls[-1], *ls[1:-1]])) if ls else []
+
+
+def ttft_parts_step(b: Bench, router: Router, out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where P->D's time to first token goes, at b.parts_lengths and b.parts_levels requests in flight.
+
+    Level 1 (version 1's step, its keys at the top level by length): one request at a time, through the router; the
+    same two hops sent by the bench (split_pd: prefill's HTTP time, decode's HTTP time); colocated on decode and on
     prefill; each with both engines' server-side histograms (SERVER_HISTOGRAMS) over it. One untimed round, then
-    PARTS_SAMPLES rounds (fresh prompts, paths interleaved); medians per path. `parts` reads them: prefill's own time
-    (split, prefill hop), decode's hop (of which the NIXL transfer and its post, from decode's own histograms, and
-    what is left: decode's step on the transferred prompt plus its HTTP), and the router's own cost (router total
-    minus the two hops)."""
+    PARTS_SAMPLES rounds (fresh prompts, paths interleaved); medians per path. Levels above 1 (`under_load`, level ->
+    length -> row, the shortest and longest length first): parts_under_load. `parts` reads the medians (parts_of):
+    prefill's own time (split, prefill hop), decode's hop (of which the NIXL transfer and its post, from decode's own
+    histograms, and what is left: decode's step on the transferred prompt plus its HTTP), the router's own cost
+    (router total minus the two hops), each engine's queue and step, and `stack` (PARTS_STACK). `out`: filled in
+    place (what finished survives an interrupt)."""
     p, d = b.roles["prefill"], b.roles["decode"]
     rng = random.Random(8642)
-    out: dict[str, Any] = {"samples": PARTS_SAMPLES, "histograms": list(SERVER_HISTOGRAMS)}
-    for n in PARTS_LENGTHS:
+    out = {} if out is None else out
+    out.update({"version": 2, "samples": PARTS_SAMPLES, "histograms": list(SERVER_HISTOGRAMS),
+                "levels": list(b.parts_levels), "lengths": list(b.parts_lengths), "stack": list(PARTS_STACK)})  # fmt: skip
+    for n in b.parts_lengths if 1 in b.parts_levels else ():
         if time.perf_counter() + 20 > b.deadline:
             out[str(n)] = {"skipped": "deadline"}
             continue
-        rows: dict[str, list[dict[str, Any]]] = {"router": [], "split": [], "colocated_decode": [],
-                                                 "colocated_prefill": []}  # fmt: skip
+        rows: dict[str, list[dict[str, Any]]] = {k: [] for k in PARTS_PATHS}
         for i in range(1 + PARTS_SAMPLES):
             got = {"router": timed_with_server(b, router.url, prompt(rng, n)),
                    "split": split_pd(b, prompt(rng, n)),
@@ -1803,16 +1997,16 @@ def ttft_parts_step(b: Bench, router: Router) -> dict[str, Any]:
                 for k, v in got.items():
                     rows[k].append(v)
         med = {k: _median_tree(v) for k, v in rows.items()}
-        r, s, cd = med["router"], med["split"], med["colocated_decode"]
-        xfer = s["decode_server"].get("nixl_xfer_time")
-        parts = {"router_total_ms": r["http_ms"], "colocated_decode_ms": cd["http_ms"],
-                 "pd_minus_colocated_ms": round(r["http_ms"] - cd["http_ms"], 3),
-                 "prefill_hop_ms": s["prefill_http_ms"], "decode_hop_ms": s["decode_http_ms"],
-                 "nixl_xfer_ms": xfer, "nixl_post_ms": s["decode_server"].get("nixl_post_time"),
-                 "decode_hop_minus_xfer_ms": round(s["decode_http_ms"] - xfer, 3) if xfer is not None else None,
-                 "router_overhead_ms": round(r["http_ms"] - s["sum_http_ms"], 3),
-                 "colocated_prefill_ms": med["colocated_prefill"]["http_ms"]}  # fmt: skip
-        out[str(n)] = {"median": med, "parts": parts, "all": rows}
+        out[str(n)] = {"median": med, "parts": parts_of(med), "all": rows}
+    loaded = out.setdefault("under_load", {})
+    load_rng = random.Random(9753)
+    for n in parts_load_order(b.parts_lengths):
+        for c in (c for c in b.parts_levels if c > 1):
+            level = loaded.setdefault(str(c), {})
+            if time.perf_counter() + parts_estimate_s(b, n, c, out) > b.deadline:
+                level[str(n)] = {"skipped": "deadline"}
+                continue
+            level[str(n)] = parts_under_load(b, router, n, c, load_rng, out)
     return out
 
 
@@ -1932,7 +2126,9 @@ def run_step(
     bench = Bench(manifests, cr, variant, model_dir, cache_root, args.work, out, served, base_env, roles,
                   deadline=getattr(args, "t_end", math.inf),
                   load_s=getattr(args, "load_phase_s", None) or LOAD_PHASE_S,
-                  after_s=getattr(args, "after_s", None) or AFTER_S)  # fmt: skip
+                  after_s=getattr(args, "after_s", None) or AFTER_S,
+                  parts_levels=tuple(getattr(args, "parts_levels", None) or PARTS_LEVELS),
+                  parts_lengths=tuple(getattr(args, "parts_lengths", None) or PARTS_LENGTHS))  # fmt: skip
     res.update({"argv": {n: r.argv for n, r in roles.items()}, "env": {n: r.env for n, r in roles.items()}})
     while key in report["runs"]:  # the same CR again in one plan (e.g. cold, then warm on the same cache)
         key += "+again"
@@ -1984,7 +2180,7 @@ def run_step(
             if "ttft" in steps:
                 res["ttft"] = ttft_step(bench, router)
             if "ttft-parts" in steps:
-                res["ttft_parts"] = ttft_parts_step(bench, router)
+                ttft_parts_step(bench, router, res.setdefault("ttft_parts", {}))
             if "sweep" in steps:
                 mml = int(roles["decode"].argv[roles["decode"].argv.index("--max-model-len") + 1])
                 res["sweep"] = sweep_step(bench, router, mml - 8)
@@ -2040,6 +2236,15 @@ def brief_run(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def ints(text: str) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16)."""
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def ints_text(xs: Sequence[int]) -> str:
+    return ",".join(map(str, xs))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rendered", type=Path, required=True, help="`python -m hpd_operator render -o json` output")
@@ -2058,6 +2263,10 @@ def main() -> int:
                     help=f"checked traffic after a decode restart or swap (default {AFTER_S} s)")  # fmt: skip
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="the whole plan's time: the decode steps' waits end by then (leave the teardown outside)")  # fmt: skip
+    ap.add_argument("--parts-levels", type=ints, default=None,
+                    help=f"ttft-parts: requests in flight, e.g. 1,4,16 (default {ints_text(PARTS_LEVELS)})")  # fmt: skip
+    ap.add_argument("--parts-lengths", type=ints, default=None,
+                    help=f"ttft-parts: prompt tokens, e.g. 2000,8000 (default {ints_text(PARTS_LENGTHS)})")  # fmt: skip
     ap.add_argument("--topology", choices=tuple(isolation.TOPOLOGIES), default="host",
                     help="how each role is isolated (bench/gpu/isolation.py): host, pods, pair")  # fmt: skip
     ap.add_argument("--vllm-site", action="append", default=[], metavar="VERSION=DIR",
