@@ -77,6 +77,12 @@ SLOW_LAUNCHER = textwrap.dedent("""
 """)
 
 
+KILL_AFTER_S = 30.0
+"""gpu-burst.sh's `timeout -k 30`: how long the teardown has after SIGINT before the machine SIGKILLs it (a bound
+of 5 s here was tighter than the script's and failed once on a loaded 2-core CI machine: the driver was killed with
+no output)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,13 +120,16 @@ def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path
         role_pids = [int(p) for p in pids.read_text().split()]
         time.sleep(1.0)  # inside stop_roles: SIGTERM sent, the "vLLM" draining
         proc.send_signal(signal.SIGINT)  # gpu-burst.sh's `timeout --signal=INT`
+        t_int = time.monotonic()
         try:
-            proc.wait(5)
+            proc.wait(KILL_AFTER_S)
         except subprocess.TimeoutExpired:
             proc.kill()  # `timeout -k`: what the machine does to a teardown that does not end
             proc.wait(5)
+        took = time.monotonic() - t_int
         output = proc.stdout.read()
-        assert "KeyboardInterrupt" in output  # the interrupt still reaches the caller (the results are written)
+        # the interrupt still reaches the caller (the results are written), within gpu-burst.sh's kill bound
+        assert "KeyboardInterrupt" in output, f"driver killed {took:.1f} s after SIGINT; its output: {output!r}"
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and (listening(runtime_port) or listening(vllm_port)):
             time.sleep(0.1)
