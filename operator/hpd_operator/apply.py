@@ -239,6 +239,25 @@ def refused(e: client.ApiException) -> bool:
     return e.status == 500 and any(m in str(e.body) for m in REFUSED_500)
 
 
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+"""The cause kube-apiserver's NamespaceLifecycle admission attaches to its 403 for an object created in a namespace
+that is being deleted (`unable to create new content in namespace X because it is being terminated`;
+k8s.io/api/core/v1 NamespaceTerminatingCause)."""
+
+
+def namespace_terminating(e: client.ApiException) -> bool:
+    """The apiserver refused a create only because the namespace is being deleted: not a permission problem (no
+    `api_errors` count, no ApplyFailed, no retry): the CR goes with its namespace."""
+    if e.status != 403:
+        return False
+    try:
+        body = json.loads(e.body or "")
+    except (TypeError, ValueError):
+        return False
+    causes = ((body.get("details") or {}).get("causes") or []) if isinstance(body, dict) else []
+    return any(isinstance(c, dict) and c.get("reason") == NAMESPACE_TERMINATING for c in causes)
+
+
 BLOCK_OWNER_DELETION_REFUSED = "cannot set blockOwnerDeletion"
 """kube-apiserver's OwnerReferencesPermissionEnforcement admission (on in OpenShift and in our local control plane)
 checks that whoever sets blockOwnerDeletion may update the owner's finalizers; it resolves the owner's kind through

@@ -171,6 +171,9 @@ def apply_children(run: Run) -> None:
                 obj = unblocked(run, obj)
                 new = write_child(run, obj)
         except client.ApiException as e:
+            if k8s.namespace_terminating(e):  # every create here is refused now; the CR goes with the namespace
+                log.debug(f"{run.namespace}/{run.name}: namespace is being deleted, {obj['kind']} not created")
+                return
             metrics.api_error("apply", e.status)
             why = blame.hint(k8s.api_message(e), obj, run.body.get("spec") or {})
             refused.append(f"{obj['kind']} {obj['metadata']['name']}: {why}")

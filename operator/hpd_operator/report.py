@@ -153,4 +153,5 @@ def event(api: client.ApiClient, body: Mapping[str, Any], type_: str, reason: st
             patch = {"count": int(old.get("count") or 1) + 1, "lastTimestamp": stamp}
             k8s.send(api, "PATCH", f"{path}/{name}", patch, "application/merge-patch+json")
     except client.ApiException as e:
-        metrics.api_error("event", e.status)
+        if not k8s.namespace_terminating(e):  # an Event in a namespace being deleted is refused: nothing to tell
+            metrics.api_error("event", e.status)
