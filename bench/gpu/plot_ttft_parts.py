@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 STACK = ("prefill_queue", "prefill_compute", "descriptor_post", "transfer", "decode_wait", "decode_step",
-         "router_http_frontends")  # fmt: skip
+         "engine_handoff", "router_http")  # fmt: skip
 """run.py's PARTS_STACK (this script imports nothing from run.py: run.py needs hpd_runtime)."""
 LABELS = {
     "prefill_queue": "prefill: queue",
@@ -38,7 +38,8 @@ LABELS = {
     "transfer": "decode: NIXL transfer after the post",
     "decode_wait": "decode: queue outside the transfer",
     "decode_step": "decode: its own first step",
-    "router_http_frontends": "router, HTTP and API servers (the rest)",
+    "engine_handoff": "both engines: API server to scheduler queue and back",
+    "router_http": "router, HTTP, API servers' parsing (the rest)",
 }
 COLORS = {
     "prefill_queue": "#c6dbef",
@@ -47,9 +48,10 @@ COLORS = {
     "transfer": "#d94801",
     "decode_wait": "#fdd0a2",
     "decode_step": "#238b45",
-    "router_http_frontends": "#969696",
+    "engine_handoff": "#bcbddc",
+    "router_http": "#969696",
 }
-COLOCATED = "#41ab5d"
+COLOCATED = {"facecolor": "white", "edgecolor": "black", "hatch": "///"}
 
 
 def pick_run(result: dict[str, Any], key: str | None) -> tuple[str, dict[str, Any]]:
@@ -111,15 +113,13 @@ def figure(result: dict[str, Any], source: str, run_key: str | None = None) -> t
             total = parts.get("router_total_ms")
             colo = parts.get("colocated_decode_ms")
             if colo is not None:
-                ax.bar(i + 0.19, colo, 0.2, color=COLOCATED, alpha=0.85)
+                ax.bar(i + 0.19, colo, 0.2, linewidth=0.6, **COLOCATED)
             label = f"{total:.0f} ms" if total is not None else ""
             if total is not None and colo is not None:
                 label += f"\n{total - colo:+.0f} vs colocated"
             ax.text(i - 0.17, max(bottom, total or 0) * 1.01, label, ha="center", va="bottom", fontsize=7.5)
-            ax.text(i, -0.09, samples_of(row), ha="center", va="top", fontsize=6.5, color="dimgray",
-                    transform=ax.get_xaxis_transform())  # fmt: skip
             shares.append((f"{c}\n{n // 1000}k", {s: max(float(stack[s]), 0.0) / bottom for s in STACK}))
-        ax.set_xticks(range(len(lengths)), [f"{n:,}" for n in lengths])
+        ax.set_xticks(range(len(lengths)), [f"{n:,}\n{samples_of(table[c][n])}" for n in lengths], fontsize=8)
         ax.set_xlim(-0.6, len(lengths) - 0.4)
         ax.set_xlabel("prompt tokens")
         ax.set_title(f"{c} request{'s' if c > 1 else ''} in flight", fontsize=10)
@@ -137,7 +137,7 @@ def figure(result: dict[str, Any], source: str, run_key: str | None = None) -> t
     ax.set_ylim(0, 1)
     ax.set_title("share of P->D's time", fontsize=10)
     handles = [Patch(color=COLORS[s], label=LABELS[s]) for s in reversed(STACK)]
-    handles.append(Patch(color=COLOCATED, label="colocated on decode, same in flight (right bar)"))
+    handles.append(Patch(label="colocated on decode, same in flight (right bar)", **COLOCATED))
     fig.legend(handles=handles, loc="upper center", ncol=4, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.995))
     setup = result.get("setup") or {}
     footer = (f"{source} (run {key}): {setup.get('model', '')}; vLLM {setup.get('vllm_version', '?')}, "

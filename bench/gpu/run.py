@@ -1715,7 +1715,7 @@ PARTS_PATHS = ("router", "split", "colocated_decode", "colocated_prefill")
 PARTS_LOAD_PATHS = ("router", "colocated_decode", "split", "colocated_prefill")
 """Under load the paths run one after another (each with its own background), the excess over colocated first."""
 PARTS_STACK = ("prefill_queue", "prefill_compute", "descriptor_post", "transfer", "decode_wait", "decode_step",
-               "router_http_frontends")  # fmt: skip
+               "engine_handoff", "router_http")  # fmt: skip
 """P->D's time to first token through the router as stacked components (`parts_of`, key `stack`), from the router
 path's own figures: its HTTP time and both engines' histograms over it."""
 SERVER_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
@@ -1813,6 +1813,10 @@ def _sub(a: float | None, *bs: float | None) -> float | None:
     return None if a is None or any(b is None for b in bs) else round(a - sum(b for b in bs if b is not None), 3)
 
 
+def _add(*xs: float | None) -> float | None:
+    return None if any(x is None for x in xs) else round(sum(x for x in xs if x is not None), 3)
+
+
 def parts_of(med: dict[str, Any]) -> dict[str, Any]:
     """What the medians of each path say, in ms. The keys of the first version (router total, colocated on decode,
     the excess, the bench's own two hops, decode's NIXL transfer and post, the router's own cost as router total minus
@@ -1821,8 +1825,11 @@ def parts_of(med: dict[str, Any]) -> dict[str, Any]:
     done). `stack`: the router path's own time to first token as PARTS_STACK, from its HTTP time and both engines'
     histograms over it: prefill's queue and compute (scheduled to first token), decode's NIXL post and the rest of
     its transfer (NIXL's xferDuration counts from the post to the status check that saw it done), decode's wait
-    outside the transfer (its queue minus the transfer), decode's own step, and what is left of the HTTP time (the
-    router, both HTTP hops and both API servers' own handling). A path that did not run leaves its figures None."""
+    outside the transfer (its queue minus the transfer), decode's own step, both engines' handoff (each engine's
+    arrival-to-finish minus its queue and scheduled-to-first-token: from the API server's arrival stamp to the
+    scheduler's queue, which an engine core enters only between two steps, and the token's way back), and what is
+    left of the HTTP time (the router, both HTTP hops and the API servers' parsing before the arrival stamp). A path
+    that did not run leaves its figures None."""
     r, s = med.get("router") or {}, med.get("split") or {}
     cd, cp = med.get("colocated_decode") or {}, med.get("colocated_prefill") or {}
     sp, sd = s.get("prefill_server") or {}, s.get("decode_server") or {}
@@ -1846,11 +1853,13 @@ def parts_of(med: dict[str, Any]) -> dict[str, Any]:
         "descriptor_post": rd.get("nixl_post_time"), "transfer": _sub(rd.get("nixl_xfer_time"), rd.get("nixl_post_time")),
         "decode_wait": _sub(rd.get("request_queue_time"), rd.get("nixl_xfer_time")),
         "decode_step": rd.get("request_prefill_time"),
+        "engine_handoff": _sub(
+            _add(rp.get("e2e_request_latency"), rd.get("e2e_request_latency")),
+            rp.get("request_queue_time"), rp.get("request_prefill_time"),
+            rd.get("request_queue_time"), rd.get("request_prefill_time"),
+        ),
+        "router_http": _sub(r.get("http_ms"), rp.get("e2e_request_latency"), rd.get("e2e_request_latency")),
     }  # fmt: skip
-    known = [v for v in stack.values() if v is not None]
-    stack["router_http_frontends"] = (
-        round(r["http_ms"] - sum(known), 3) if r.get("http_ms") is not None and len(known) == len(stack) else None
-    )
     parts["stack"] = stack
     return parts
 

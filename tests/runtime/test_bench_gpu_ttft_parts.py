@@ -60,14 +60,15 @@ def test_the_stack_adds_up_to_the_router_time_and_the_first_version_keys_stay() 
     stack = parts["stack"]
     assert list(stack) == list(run.PARTS_STACK)
     assert stack == {"prefill_queue": 0.5, "prefill_compute": 60.0, "descriptor_post": 7.0, "transfer": 2.0,
-                     "decode_wait": 5.0, "decode_step": 10.0, "router_http_frontends": 15.5}  # fmt: skip
+                     "decode_wait": 5.0, "decode_step": 10.0, "engine_handoff": 2.0, "router_http": 13.5}  # fmt: skip
     assert sum(stack.values()) == pytest.approx(100.0)
     # a path that did not run (skipped by the deadline) leaves its figures None, nothing raises
     partial = run.parts_of({"router": med["router"]})
     assert partial["pd_minus_colocated_ms"] is None and partial["nixl_xfer_ms"] is None
-    assert partial["stack"]["router_http_frontends"] == 15.5
+    assert partial["stack"]["router_http"] == 13.5 and partial["stack"]["engine_handoff"] == 2.0
     no_xfer = run.parts_of({"router": {**med["router"], "decode_server": server(1.0, 2.0)}})
-    assert no_xfer["stack"]["transfer"] is None and no_xfer["stack"]["router_http_frontends"] is None
+    assert no_xfer["stack"]["transfer"] is None and no_xfer["stack"]["decode_wait"] is None
+    assert no_xfer["stack"]["router_http"] == 34.5
 
 
 def test_lengths_under_load_go_shortest_and_longest_first_and_flags_parse() -> None:

@@ -19,7 +19,7 @@ spec.loader.exec_module(plot)
 
 def row(scale: float, window: int, decode_wait: float = 3.0) -> dict[str, Any]:
     stack = {"prefill_queue": 0.1 * scale, "prefill_compute": 60.0, "descriptor_post": 7.0, "transfer": 3.0,
-             "decode_wait": decode_wait, "decode_step": 10.0, "router_http_frontends": 12.0}  # fmt: skip
+             "decode_wait": decode_wait, "decode_step": 10.0, "engine_handoff": 4.0, "router_http": 8.0}  # fmt: skip
     total = sum(stack.values())
     return {"parts": {"router_total_ms": total, "colocated_decode_ms": total - 30.0, "stack": stack},
             "all": {"router": [{"window_requests": {"decode": window}}] * 4}}  # fmt: skip
@@ -34,7 +34,8 @@ def result() -> dict[str, Any]:
 
 
 def texts(fig: Any) -> list[str]:
-    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts]
+    ticks = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.texts] + ticks
 
 
 def test_the_stack_is_run_py_s() -> None:
@@ -50,7 +51,7 @@ def test_levels_lengths_skips_and_clipped_components(tmp_path: Path) -> None:
     got = texts(fig)
     assert "skipped" in got
     assert any(t.endswith("+30 vs colocated") for t in got)
-    assert "n=4 x ~16" in got and "n=4" in got
+    assert "2,000\nn=4 x ~16" in got and "8,000\nn=4" in got and "8,000\nn=0" in got  # rounds x window; skipped
     assert any("Drawn as 0 (below zero): c=4 8000 tokens decode_wait -2.5 ms" in t for t in got)
     out = tmp_path / "p.png"
     assert plot.main([str(_write(tmp_path, result())), "--out", str(out)]) == 0
