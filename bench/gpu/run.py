@@ -2063,7 +2063,10 @@ def stop_roles(roles: dict[str, Role], grace: float) -> dict[str, int | None]:
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():
+                # bounded: the kernel may deliver the SIGINT to a stop thread, and an unbounded join() then blocks
+                # the main thread (where Python raises KeyboardInterrupt) until the role's whole grace has passed
+                t.join(0.2)
     except BaseException:
         for n, r in roles.items():
             kill_tree(r, trees[n])

@@ -15,6 +15,7 @@ one run.py invocation found its prefill's runtime port still bound)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -23,6 +24,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,7 +106,25 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path) -> None:
+def interrupt(pid: int, to: str) -> None:
+    """SIGINT to the process (the kernel picks a thread that does not block it), or to a thread other than the main
+    one (tgkill): what the kernel may choose under load, and the case where an unbounded join() hung the teardown
+    until the role's grace had passed (two clean-clone CI runs killed the driver with no output)."""
+    if to == "process":
+        os.kill(pid, signal.SIGINT)
+        return
+    others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    assert others, "the teardown's stop thread is not running"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(SYS_TGKILL, pid, others[0], signal.SIGINT) == 0, os.strerror(ctypes.get_errno())
+
+
+SYS_TGKILL = 234
+"""tgkill(2) on x86_64 (signal one thread of a process)."""
+
+
+@pytest.mark.parametrize("to", ["process", "stop thread"])
+def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path, to: str) -> None:
     launcher, driver, pids = tmp_path / "launcher.py", tmp_path / "driver.py", tmp_path / "pids"
     launcher.write_text(LAUNCHER)
     driver.write_text(DRIVER)
@@ -119,7 +140,7 @@ def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path
         assert line.strip() == "stopping", line + proc.stdout.read()
         role_pids = [int(p) for p in pids.read_text().split()]
         time.sleep(1.0)  # inside stop_roles: SIGTERM sent, the "vLLM" draining
-        proc.send_signal(signal.SIGINT)  # gpu-burst.sh's `timeout --signal=INT`
+        interrupt(proc.pid, to)  # gpu-burst.sh's `timeout --signal=INT`
         t_int = time.monotonic()
         try:
             proc.wait(KILL_AFTER_S)
