@@ -2257,7 +2257,16 @@ def ints_text(xs: Sequence[int]) -> str:
     return ",".join(map(str, xs))
 
 
+def interruptible() -> None:
+    """SIGINT raises KeyboardInterrupt here whatever this process inherited: a shell starts a background job with
+    SIGINT ignored, and Python keeps an inherited SIG_IGN, so gpu-burst.sh's `timeout --signal=INT` would go unheard
+    and the teardown (stop_roles, the result file) would never run before the SIGKILL. Found by the test of that
+    teardown under a CI run started in the background."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> int:
+    interruptible()
     ap = argparse.ArgumentParser()
     ap.add_argument("--rendered", type=Path, required=True, help="`python -m hpd_operator render -o json` output")
     ap.add_argument("--plan", required=True,

@@ -52,6 +52,7 @@ DRIVER = textwrap.dedent("""
     from pathlib import Path
     spec = importlib.util.spec_from_file_location("bench_gpu_run_stop", sys.argv[1])
     run = importlib.util.module_from_spec(spec); sys.modules[spec.name] = run; spec.loader.exec_module(run)
+    run.interruptible()  # as run.main does first
     runtime_port, vllm_port = int(sys.argv[3]), int(sys.argv[4])
     run.PORTS["decode"].update(vllm=vllm_port, runtime=runtime_port)
     role = run.Role("decode", [sys.executable, sys.argv[2], str(runtime_port), str(vllm_port), sys.argv[5]], {}, 1)
@@ -132,6 +133,8 @@ def test_an_interrupted_teardown_leaves_no_role_and_no_bound_port(tmp_path: Path
     env = {**os.environ, "PYTHONPATH": str(REPO / "images" / "runtime")}
     argv = [sys.executable, str(driver), str(REPO / "bench" / "gpu" / "run.py"), str(launcher),
             str(runtime_port), str(vllm_port), str(pids), str(tmp_path)]  # fmt: skip
+    # started with SIGINT ignored, as a shell starts a background job: run.py must hear the SIGINT all the same
+    argv = ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     role_pids: list[int] = []
     try:
