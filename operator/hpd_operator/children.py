@@ -105,7 +105,10 @@ def autoscaled_role(run: Run, obj: Manifest) -> contract.Role | None:
     """The role of an engine Deployment whose replicas an HPA owns (the builder left them out), else None."""
     if obj["kind"] != "Deployment" or "replicas" in obj["spec"] or run.cr is None:
         return None
-    role = (obj["metadata"].get("labels") or {}).get(contract.LABEL_ROLE)
+    labels = obj["metadata"].get("labels") or {}
+    if labels.get(contract.LABEL_COMPONENT) == contract.COMPONENT_PAIR:
+        return "decode"  # pair pods: decode's autoscaling scales the pair Deployment
+    role = labels.get(contract.LABEL_ROLE)
     return cast("contract.Role", role) if role in contract.ROLES else None
 
 

@@ -152,17 +152,28 @@ def observe(children: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, A
         comp, gen = component_of(obj), generation_of(obj)
         if comp == contract.COMPONENT_ROUTER and obj.get("kind") == "Deployment":
             live.router = dict(obj)
-        elif comp in contract.ROLES and gen is not None:
+        elif comp in (*contract.ROLES, contract.COMPONENT_PAIR) and gen is not None:
             g = live.generations.setdefault(gen, LiveGeneration(gen))
-            g.deployments[comp] = dict(obj)
+            for role in roles_of(comp):
+                g.deployments[role] = dict(obj)
             g.number = number_of(obj) if g.number is None else g.number
     for pod in pods:
         comp, gen = component_of(pod), generation_of(pod)
         if comp == contract.COMPONENT_ROUTER:
             live.router_pods.append(dict(pod))
-        elif comp in contract.ROLES and gen is not None and gen in live.generations:
-            live.generations[gen].pods[comp].append(dict(pod))
+        elif gen is not None and gen in live.generations:
+            for role in roles_of(comp):
+                live.generations[gen].pods[role].append(dict(pod))
     return live
+
+
+def roles_of(component: str | None) -> tuple[contract.Role, ...]:
+    """The engine roles an object of `component` runs: its role, or both for a pair pod and its Deployment
+    (spec.kvTransfer.processNamespace Pair: each pod one prefill and one decode), so every role's counts, readiness and
+    rollout read the pair pods as they read a role's own pods (a pair pod is Ready only whole)."""
+    if component == contract.COMPONENT_PAIR:
+        return contract.ROLES
+    return tuple(r for r in contract.ROLES if r == component)
 
 
 # --- the plan ------------------------------------------------------------------------------------------------------
@@ -260,7 +271,8 @@ def kept(obj: Mapping[str, Any], plan: Plan) -> bool:
     gen = generation_of(obj)
     if obj.get("kind") == "HorizontalPodAutoscaler":
         return False
-    return gen is not None and gen != plan.desired.hash and gen in plan.keep and component_of(obj) in contract.ROLES
+    comp = component_of(obj)
+    return gen is not None and gen != plan.desired.hash and gen in plan.keep and bool(roles_of(comp))
 
 
 @dataclass(frozen=True)

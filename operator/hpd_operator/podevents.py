@@ -178,7 +178,11 @@ def verified_prefills(
 
     A peer is named by its pod IP (prefill pods have no downward-API uid) and when its pair check passed: it is a
     prefill pod with that IP unless the check is older than the pod (by more than CLOCK_SKEW_SECONDS), which makes
-    it a check of an earlier pod that had the same IP; a check without a readable time counts."""
+    it a check of an earlier pod that had the same IP; a check without a readable time counts. A peer at
+    contract.PAIR_LOOPBACK is the decode's own pod (a pair pod: decode checks the prefill beside it on 127.0.0.1)."""
+    own_ip = {
+        str(md.get("uid")): (p.get("status") or {}).get("podIP") for p in decode_pods if (md := p.get("metadata") or {})
+    }
     prefills = [
         (str(md.get("uid") or ""), ip, _stamp(md.get("creationTimestamp")))
         for p in prefill_pods
@@ -192,7 +196,8 @@ def verified_prefills(
         peers: dict[str, list[datetime.datetime | None]] = {}
         for entry in doc[contract.KV_REPORT_PREFILLS]:
             if isinstance(entry, Mapping) and isinstance(entry.get("ip"), str):
-                peers.setdefault(entry["ip"], []).append(_stamp(entry.get("verifiedTime")))
+                ip = (own_ip.get(uid) or entry["ip"]) if entry["ip"] == contract.PAIR_LOOPBACK else entry["ip"]
+                peers.setdefault(ip, []).append(_stamp(entry.get("verifiedTime")))
         out.append(frozenset(
             pod for pod, ip, created in prefills
             if any(at is None or created is None or (created - at).total_seconds() <= CLOCK_SKEW_SECONDS

@@ -23,7 +23,7 @@ from hpd_operator.api import constants as c
 from hpd_operator.api.models import VersionRuleStatus, WarmupSpec
 from hpd_operator.api.names import kv_reporter_name, role_name
 from hpd_operator.api.paircheck import PairCheck, pair_check
-from hpd_operator.api.processns import profile_reason, shares_host_pid
+from hpd_operator.api.processns import PAIR_REASON, engine_ports, pairs, profile_reason, shares_host_pid
 from hpd_operator.modelinfo import disk_plan
 from hpd_operator.profile_launch import drain_env, parallel_args, shutdown_args, worker_args
 from hpd_operator.profile_model import EnvEntry, Profile, RoleProfile, RoleWriter
@@ -43,7 +43,7 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
     """Each section writes its settings with their reasons; the sections run in the order status.profile lists
     the injections and land in env/args in the order the container gets them (HPD_POD_IP first)."""
     s, rs = RoleWriter(), valid.spec.role(role)
-    side_channel = _side_channel_env(s, valid) + _host_ip_env(s, valid, role)
+    side_channel = _side_channel_env(s, valid, role) + _host_ip_env(s, valid, role)
     layout = _layout_env(s, valid)
     gemm = _gemm_env(s, valid.spec.warmup)
     args = (
@@ -76,8 +76,12 @@ def _role_profile(valid: Validated, role: contract.Role) -> RoleProfile:
 
 
 # --- env ----------------------------------------------------------------------------------------------------------
-def _side_channel_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
-    row, port = valid.row, str(valid.spec.kv_transfer.side_channel_port)
+def _side_channel_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
+    kv, row = valid.spec.kv_transfer, valid.row
+    port = str(engine_ports(kv, role).side_channel)
+    port_reason = "NIXL side-channel base port from spec.kvTransfer"
+    if pairs(kv) and role == "decode":
+        port_reason += f" + {contract.PAIR_DECODE_SIDE_CHANNEL_OFFSET}: in a pair pod prefill listens on the base at the same pod IP"
     host_reason = "NIXL side channel binds and advertises this address: the pod IP (not 0.0.0.0, not localhost)"
     if row.side_channel_host_in_compile_key:
         host_reason += (
@@ -87,7 +91,7 @@ def _side_channel_env(s: RoleWriter, valid: Validated) -> list[EnvEntry]:
     return [
         s.field(contract.ENV_POD_IP, "status.podIP", "the pod's IP, for the env entries that reference it"),
         s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_HOST, f"$({contract.ENV_POD_IP})", host_reason, shown="status.podIP"),
-        s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, port, "NIXL side-channel base port from spec.kvTransfer"),
+        s.env(contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT, port, port_reason),
     ]
 
 
@@ -161,7 +165,11 @@ def _fabric_pod(s: RoleWriter, valid: Validated) -> tuple[tuple[tuple[str, int],
 
 def _process_namespace_pod(s: RoleWriter, valid: Validated) -> bool:
     """spec.kvTransfer.processNamespace Host: the node's PID namespace (hostPID), recorded with its security trade;
+    Pair: the pair pod's own shared PID namespace (shareProcessNamespace, builders.pair), recorded with its reason;
     the default (each pod its own) is written by the builders and not listed."""
+    if pairs(valid.spec.kv_transfer):
+        s.pod("shareProcessNamespace", "true", PAIR_REASON)
+        return False
     if not shares_host_pid(valid.spec.kv_transfer):
         return False
     s.pod("hostPID", "true", profile_reason())
@@ -197,14 +205,15 @@ def _image_pod(s: RoleWriter, valid: Validated) -> None:
 def _runtime_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEntry]:
     """What the runtime (hpd_runtime.config) reads to launch vLLM and serve its probes."""
     spec, launch = valid.spec, "the runtime launches vLLM with it"
+    ports = engine_ports(spec.kv_transfer, role)
     env = [
         s.env(contract.ENV_ROLE, role, "the runtime's role: which warmup runs and which KV role vLLM takes"),
         s.env(contract.ENV_MODEL, valid.model.path, "the model the runtime warms up and checks (--model)"),
         s.env(contract.ENV_VLLM_VERSION, spec.vllm_version, "spec.vllmVersion: the runtime's version rules"),
         s.env(contract.ENV_TENSOR_PARALLEL_SIZE, str(spec.role(role).tensor_parallel_size),
               f"spec.{role}.tensorParallelSize: {launch}"),
-        s.env(contract.ENV_VLLM_PORT, str(contract.VLLM_PORT), f"vLLM's API port: {launch}, the probes ask it"),
-        s.env(contract.ENV_RUNTIME_PORT, str(contract.RUNTIME_PORT), "the runtime's /readyz, /livez and /metrics"),
+        s.env(contract.ENV_VLLM_PORT, str(ports.vllm), f"vLLM's API port: {launch}, the probes ask it"),
+        s.env(contract.ENV_RUNTIME_PORT, str(ports.runtime), "the runtime's /readyz, /livez and /metrics"),
     ]  # fmt: skip
     if spec.model.max_model_len is not None:
         why = "spec.model.maxModelLen: the longest warmup prompt fits it"
@@ -289,7 +298,10 @@ def _pod_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEn
         s.env(contract.ENV_INSTANCE, name, "the CR the pod belongs to"),
         s.env(contract.ENV_CACHE_DIR, contract.CACHE_MOUNT, "the compile and Triton caches, kept across restarts"),
     ]
-    if role == "decode":
+    if role == "decode" and pairs(valid.spec.kv_transfer):
+        why = "the pair pod's own prefill (one PID namespace: cuda_ipc): the only prefill the pair check and canary ask"
+        env.append(s.env(contract.ENV_PREFILL_SERVICE, contract.PAIR_LOOPBACK, why))
+    elif role == "decode":
         service = role_name(name, "prefill") + (f".{ns}.svc" if ns else "")
         env.append(s.env(contract.ENV_PREFILL_SERVICE, service, "the prefill pods the pair check and canary ask"))
     return env
@@ -298,7 +310,8 @@ def _pod_env(s: RoleWriter, valid: Validated, role: contract.Role) -> list[EnvEn
 # --- args ---------------------------------------------------------------------------------------------------------
 def _core_args(s: RoleWriter, valid: Validated, role: contract.Role) -> list[str]:
     spec, rs = valid.spec, valid.spec.role(role)
-    args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(contract.VLLM_PORT)]
+    port = engine_ports(spec.kv_transfer, role).vllm
+    args = ["--model", valid.model.path, "--served-model-name", spec.model.name, "--port", str(port)]
     args += ["--tensor-parallel-size", str(rs.tensor_parallel_size)]
     args += parallel_args(s, valid, role)
     if spec.block_size is not None:

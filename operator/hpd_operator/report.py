@@ -19,6 +19,7 @@ from kubernetes import client
 from hpd_operator import apply as k8s
 from hpd_operator import metrics
 from hpd_operator.api.names import component_names, group_name, role_name
+from hpd_operator.generations import roles_of
 from hpd_operator.status import COMPONENTS
 from hpd_runtime import contract
 
@@ -42,10 +43,13 @@ def observe_deployments(
     deployments = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "Deployment"}
     groups = {d["metadata"]["name"]: dict(d) for d in owned if d.get("kind") == "LeaderWorkerSet"}
     out = {comp: deployments.get(n) for comp, n in component_names(name, generation).items()}
+    pair = deployments.get(role_name(name, contract.COMPONENT_PAIR, generation))
     for role in contract.ROLES:
         group = groups.get(group_name(name, role, generation))
         if group is not None and out[role] is None:
             out[role] = group
+        if pair is not None and out[role] is None:  # pair pods: one Deployment runs both roles
+            out[role] = pair
     return out
 
 
@@ -59,16 +63,23 @@ def observe_autoscalers(
         for d in children
         if d.get("kind") == "HorizontalPodAutoscaler" and k8s.owned_by(d, uid)
     }
-    return {role: by_name.get(role_name(name, role, generation)) for role in contract.ROLES}
+    pair = by_name.get(role_name(name, contract.COMPONENT_PAIR, generation))  # decode's, scaling the pair pods
+    out: dict[str, dict[str, Any] | None] = {
+        role: by_name.get(role_name(name, role, generation)) for role in contract.ROLES
+    }
+    if pair is not None and out["decode"] is None:
+        out["decode"] = pair
+    return out
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Component -> its live pods (for the scheduler's verdict and the nodes they are bound to)."""
+    """Component -> its live pods (for the scheduler's verdict and the nodes they are bound to); a pair pod counts under
+    both roles (generations.roles_of)."""
     out: dict[str, list[dict[str, Any]]] = {comp: [] for comp in COMPONENTS}
     for pod in pods:
         comp = ((pod.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_COMPONENT)
-        if comp in out:
-            out[comp].append(dict(pod))
+        for c in roles_of(comp) or ((comp,) if comp in out else ()):
+            out[c].append(dict(pod))
     return out
 
 

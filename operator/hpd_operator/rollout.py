@@ -38,7 +38,7 @@ def _spec_replicas(spec: HybridPDDeploymentSpec, g: LiveGeneration | None, role:
     """What the spec asks of a role of its own generation: spec.<role>.replicas, or for an autoscaling role the count
     its Deployment runs (its HPA's choice; while the generation is not serving yet, the serving generation's count the
     operator starts it at: docs/autoscaling.md)."""
-    if spec.role(role).autoscaling is not None and g is not None and role in g.deployments:
+    if spec.replicas_autoscaling(role) is not None and g is not None and role in g.deployments:
         return g.replicas(role)
     return spec.role(role).replicas
 

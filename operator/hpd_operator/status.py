@@ -198,7 +198,7 @@ def _states(
             desired = int((dep or {}).get("spec", {}).get("replicas") or 0)
         elif comp == contract.COMPONENT_ROUTER:
             desired = spec.router.replicas
-        elif spec.role(comp).autoscaling is not None and dep is not None:  # type: ignore[arg-type]
+        elif spec.replicas_autoscaling(comp) is not None and dep is not None:  # type: ignore[arg-type]
             desired = int((dep.get("spec") or {}).get("replicas") or 0)  # the autoscaler's choice
         else:
             desired = spec.role(comp).replicas  # type: ignore[arg-type]

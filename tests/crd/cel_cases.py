@@ -18,6 +18,7 @@ from hpd_operator.api.rules import (
 )
 
 M = {"name": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"}
+PAIR: dict[str, Any] = {"kvTransfer": {"processNamespace": "Pair"}}
 
 BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
     (
@@ -74,6 +75,37 @@ BAD_SPECS: list[tuple[str, dict[str, Any], str]] = [
         "host-pid-namespace-needs-cuda-ipc",
         {"model": M, "kvTransfer": {"processNamespace": "Host", "ucx": {"tls": "tcp,cuda_copy"}}},
         "kvTransfer.processNamespace Host shares the node's PID namespace only so that UCX can use cuda_ipc",
+    ),
+    (
+        "pair-pod-needs-cuda-ipc",
+        {"model": M, "kvTransfer": {"processNamespace": "Pair", "ucx": {"tls": "tcp,cuda_copy"}}},
+        "kvTransfer.processNamespace Pair shares one PID namespace between prefill and decode only so that UCX",
+    ),
+    (
+        "pair-ports-free",
+        {"model": M, "kvTransfer": {"processNamespace": "Pair", "sideChannelPort": 8150}},
+        "kvTransfer.sideChannelPort collides in a pair pod",
+    ),
+    (
+        "pair-replicas-equal",
+        {"model": M, **PAIR, "prefill": {"replicas": 2}, "decode": {"replicas": 3}},
+        "spec.decode.replicas must equal spec.prefill.replicas",
+    ),
+    (
+        "pair-prefill-not-autoscaling",
+        {"model": M, **PAIR, "prefill": {"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+         "decode": {"replicas": 2}},
+        "spec.prefill.autoscaling is not allowed",
+    ),
+    (
+        "pair-prefill-one-node",
+        {"model": M, **PAIR, "prefill": {"tensorParallelSize": 16, "gpusPerNode": 8}, "decode": {"tensorParallelSize": 8}},
+        "spec.prefill.tensorParallelSize x pipelineParallelSize must fit one node",
+    ),
+    (
+        "pair-decode-one-node",
+        {"model": M, **PAIR, "prefill": {"tensorParallelSize": 16}, "decode": {"tensorParallelSize": 16, "gpusPerNode": 8}},
+        "spec.decode.tensorParallelSize x pipelineParallelSize must fit one node",
     ),
     ("cache-pvc-needs-claim", {"model": M, "cache": {"type": "pvc"}}, "cache.claimName is required"),
     (
@@ -243,6 +275,15 @@ GOOD_SPECS: list[tuple[str, dict[str, Any]]] = [
     (  # the node's PID namespace, opted in, with a UCX transport list that keeps cuda_ipc
         "host-pid-namespace-with-cuda-ipc",
         {"model": M, "kvTransfer": {"processNamespace": "Host", "ucx": {"tls": "tcp,cuda_copy,cuda_ipc"}}},
+    ),
+    (  # pair pods: equal replicas, decode's autoscaling scales the pairs, a UCX list that keeps cuda_ipc
+        "pair-pods",
+        {
+            "model": M,
+            "kvTransfer": {"processNamespace": "Pair", "ucx": {"tls": "tcp,cuda_copy,cuda_ipc"}},
+            "prefill": {"replicas": 2, "tensorParallelSize": 2},
+            "decode": {"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+        },
     ),
     (
         "pod-template-allowed",

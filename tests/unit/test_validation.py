@@ -301,6 +301,7 @@ def test_every_rule_has_a_unique_id_and_a_cel_rule_or_a_reason_why_not() -> None
         "gpus-cover-tensor-parallel-size",
         "gpus-cover-pod-share",
         "requests-within-limits",
+        "pair-placement-agrees",
     }
 
 

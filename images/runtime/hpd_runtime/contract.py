@@ -57,10 +57,37 @@ MASTER_PORT: Final = 29501
 ROUTER_PORT: Final = 8090
 ROUTER_METRICS_PORT: Final = 29000
 
+# A pair pod (spec.kvTransfer.processNamespace Pair): one prefill engine, one decode engine and an in-pod router in one
+# pod, one PID namespace (shareProcessNamespace) and one network namespace. Prefill keeps the ports above; decode and the
+# in-pod router take these, so nothing in the pod listens twice on one port.
+COMPONENT_PAIR: Final = "pair"
+"""`app.kubernetes.io/component` of a pair pod, its Deployment and PodDisruptionBudget (they carry no role label: the
+pod holds both roles)."""
+PAIR_DECODE_VLLM_PORT: Final = 8100
+"""Decode's vLLM API in a pair pod (container port name `decode-http`); the in-pod router and decode's runtime ask it."""
+PAIR_DECODE_RUNTIME_PORT: Final = 8181
+"""Decode's runtime readiness server in a pair pod (container port name `decode-runtime`)."""
+PAIR_DECODE_SIDE_CHANNEL_OFFSET: Final = 50
+"""Decode's NIXL side channel in a pair pod: spec.kvTransfer.sideChannelPort + this (prefill keeps the base; vLLM
+listens on the base plus a rank, so the offset leaves room above the base for them)."""
+PAIR_ROUTER_PORT: Final = 8200
+"""The in-pod router (vllm-router in P/D mode over 127.0.0.1) of a pair pod (container port name `pair-router`): the
+port the CR's router discovers pair pods on."""
+PAIR_ROUTER_METRICS_PORT: Final = 29000
+"""The in-pod router's Prometheus port (container port name `metrics`, as the CR's router's)."""
+PAIR_PORTS: Final = (PAIR_DECODE_VLLM_PORT, PAIR_DECODE_RUNTIME_PORT, PAIR_ROUTER_PORT, PAIR_ROUTER_METRICS_PORT)
+"""What decode and the in-pod router listen on in a pair pod, beside prefill's VLLM_PORT and RUNTIME_PORT."""
+PAIR_LOOPBACK: Final = "127.0.0.1"
+"""Where decode's pair check and the in-pod router reach the pod's own prefill (and decode)."""
+
 PORT_NAME_HTTP: Final = "http"
 PORT_NAME_RUNTIME: Final = "runtime"
 PORT_NAME_SIDE_CHANNEL: Final = "nixl-side"
 PORT_NAME_ROUTER_METRICS: Final = "metrics"
+PORT_NAME_DECODE_HTTP: Final = "decode-http"
+PORT_NAME_DECODE_RUNTIME: Final = "decode-runtime"
+PORT_NAME_DECODE_SIDE_CHANNEL: Final = "decode-nixl"
+PORT_NAME_PAIR_ROUTER: Final = "pair-router"
 
 PATH_READYZ: Final = "/readyz"
 PATH_LIVEZ: Final = "/livez"

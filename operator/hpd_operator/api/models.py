@@ -456,8 +456,18 @@ class KvTransferSpec(_Model):
     and restricted refuse it, so the namespace must admit privileged pods. It buys cuda_ipc (10-20 GB/s on an H200)
     between a prefill and a decode that land on the same node, nothing across nodes; it does not place them together
     (spec.<role>.affinity does). Named in status.profile, the DataPathVerified message and a Warning Event
-    (SharedHostPIDNamespace) per generation. podTemplate's hostPID stays refused: this field is the only way
-    (docs/kv-topologies.md)."""
+    (SharedHostPIDNamespace) per generation. podTemplate's hostPID stays refused: this field is the only way.
+    `Pair`: pair pods. Each pod holds one prefill and one decode engine container (each with its role's resources,
+    GPUs, args and env from spec.prefill and spec.decode) and an in-pod router that pairs exactly these two over
+    127.0.0.1, with `shareProcessNamespace: true` (one PID namespace of the pod's own; hostPID stays false, Pod
+    Security restricted allows it): cuda_ipc between the pod's own prefill and decode (23.9 GB/s on an H200). The
+    CR's router then balances over the pair pods (vllm-router's regular mode: its retries and circuit breaker apply).
+    Its costs: a fixed 1:1 P:D ratio per pod (spec.prefill.replicas must equal spec.decode.replicas: the number of
+    pair pods); both roles' GPUs must fit one node; a rollout, a drain or an eviction takes a prefill and a decode
+    together; decode's autoscaling (if set) scales pairs, and prefill's own autoscaling and a replica that spans nodes
+    are refused. A pair pod is Ready only when both engines (each behind its own warmup gate; decode's pair check asks
+    the pod's own prefill) and its router are; a pod with a dead container leaves the router's pool (degraded mode,
+    spec.router.degradedMode, does not apply) (docs/kv-topologies.md)."""
 
 
 class RouterServiceSpec(_Model):
@@ -640,6 +650,13 @@ class HybridPDDeploymentSpec(_Model):
 
     def role(self, role: contract.Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
+
+    def replicas_autoscaling(self, role: contract.Role) -> AutoscalingSpec | None:
+        """The autoscaling that owns a role's replica count: the role's own; with pair pods (kvTransfer.processNamespace
+        Pair) decode's for both roles, since one Deployment of pairs runs them (prefill's own is refused there)."""
+        if self.kv_transfer.process_namespace == "Pair":
+            return self.decode.autoscaling
+        return self.role(role).autoscaling
 
 
 # ---------------------------------------------------------------------------------------------------------------

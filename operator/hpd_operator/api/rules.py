@@ -310,6 +310,85 @@ _RATIO_ROWS: Final = (
     ),
 )
 
+_PAIR: Final = (
+    "has(self.kvTransfer) && has(self.kvTransfer.processNamespace) && self.kvTransfer.processNamespace == 'Pair'"
+)
+_PAIR_KV: Final = "has(self.processNamespace) && self.processNamespace == 'Pair'"
+_PAIR_WHY: Final = "kvTransfer.processNamespace Pair runs one prefill and one decode in each pair pod"
+_PAIR_PORTS: Final = (contract.VLLM_PORT, contract.RUNTIME_PORT, *contract.PAIR_PORTS)
+_PAIR_SIDE_MAX: Final = 65535 - contract.PAIR_DECODE_SIDE_CHANNEL_OFFSET
+
+
+def _pairs(spec: Any) -> bool:
+    return bool(spec.kv_transfer.process_namespace == "Pair")
+
+
+def _pair_ports_taken(kv: Any) -> bool:
+    base = kv.side_channel_port
+    decode = base + contract.PAIR_DECODE_SIDE_CHANNEL_OFFSET
+    return kv.process_namespace == "Pair" and (base > _PAIR_SIDE_MAX or base in _PAIR_PORTS or decode in _PAIR_PORTS)
+
+
+def _role_spans_nodes(role: str) -> Callable[[Any], bool]:
+    """Pair pods, and `role`'s replica spans nodes."""
+    return lambda spec: _pairs(spec) and bool(spec.role(role).multi_node)
+
+
+def _pair_placement_conflicts(spec: Any) -> Iterator[str]:
+    """A pair pod has one nodeSelector and one affinity: the roles' may add to each other, not contradict."""
+    if not _pairs(spec):
+        return
+    p, d = spec.prefill, spec.decode
+    if any(k in (d.node_selector or {}) and d.node_selector[k] != v for k, v in (p.node_selector or {}).items()):
+        yield ".decode.nodeSelector"
+    if p.affinity is not None and d.affinity is not None and p.affinity != d.affinity:
+        yield ".decode.affinity"
+
+
+_PAIR_ROWS: Final = (
+    Rule(
+        id="pair-replicas-equal",
+        scope="spec",
+        cel=f"!({_PAIR}) || self.prefill.replicas == self.decode.replicas",
+        message=f"spec.decode.replicas must equal spec.prefill.replicas: {_PAIR_WHY} (the replicas are the pair pods)",
+        field=".decode.replicas",
+        check=_when(lambda sp: _pairs(sp) and sp.prefill.replicas != sp.decode.replicas, ".decode.replicas"),
+    ),
+    Rule(
+        id="pair-prefill-not-autoscaling",
+        scope="spec",
+        cel=f"!({_PAIR}) || !has(self.prefill.autoscaling)",
+        message=f"spec.prefill.autoscaling is not allowed: {_PAIR_WHY}, so pairs scale together (set "
+        "spec.decode.autoscaling: it scales the pair pods)",
+        field=".prefill.autoscaling",
+        check=_when(lambda sp: _pairs(sp) and sp.prefill.autoscaling is not None, ".prefill.autoscaling"),
+    ),
+    *(
+        Rule(
+            id=f"pair-{role}-one-node",
+            scope="spec",
+            cel=f"!({_PAIR}) || self.{role}.tensorParallelSize * self.{role}.pipelineParallelSize "
+            f"<= self.{role}.gpusPerNode",
+            message=f"spec.{role}.tensorParallelSize x pipelineParallelSize must fit one node (at most "
+            f"spec.{role}.gpusPerNode): {_PAIR_WHY} on one node; a replica that spans nodes (LeaderWorkerSet) cannot "
+            "pair",
+            field=f".{role}.tensorParallelSize",
+            check=_when(_role_spans_nodes(role), f".{role}.tensorParallelSize"),
+        )
+        for role in contract.ROLES
+    ),
+    Rule(
+        id="pair-placement-agrees",
+        scope="spec",
+        cel=None,  # operator only: comparing two free-form affinities is over CEL's cost budget
+        message=f"spec.prefill and spec.decode place the pair pod differently: {_PAIR_WHY}, and a pod has one "
+        "nodeSelector and one affinity (nodeSelector keys may not have two values; set affinity on one role or the "
+        "same on both)",
+        field=".decode",
+        check=_pair_placement_conflicts,
+    ),
+)
+
 RULES: Final[tuple[Rule, ...]] = (
     Rule(
         id="name-dns-1035",
@@ -560,6 +639,28 @@ RULES: Final[tuple[Rule, ...]] = (
         check=_when(lambda k: k.process_namespace == "Host" and _tls_lacks(k, UCX_CUDA_IPC_TLS), ".processNamespace"),
     ),
     Rule(
+        id="pair-pod-needs-cuda-ipc",
+        scope="kvTransfer",
+        cel=f"!({_PAIR_KV}) || !has(self.ucx) || !has(self.ucx.tls) || self.ucx.tls.startsWith('^') "
+        f"|| self.ucx.tls.matches('{UCX_CUDA_IPC_TLS}')",
+        message="kvTransfer.processNamespace Pair shares one PID namespace between prefill and decode only so that UCX "
+        "can use cuda_ipc, and kvTransfer.ucx.tls leaves cuda_ipc out (add cuda_ipc, or keep processNamespace Pod)",
+        field=".processNamespace",
+        check=_when(lambda k: k.process_namespace == "Pair" and _tls_lacks(k, UCX_CUDA_IPC_TLS), ".processNamespace"),
+    ),
+    Rule(
+        id="pair-ports-free",
+        scope="kvTransfer",
+        cel=f"!({_PAIR_KV}) || !has(self.sideChannelPort) || (self.sideChannelPort <= {_PAIR_SIDE_MAX} "
+        f"&& !(self.sideChannelPort in {list(_PAIR_PORTS)}) "
+        f"&& !(self.sideChannelPort + {contract.PAIR_DECODE_SIDE_CHANNEL_OFFSET} in {list(_PAIR_PORTS)}))",
+        message=f"kvTransfer.sideChannelPort collides in a pair pod: prefill listens on it, decode on it + "
+        f"{contract.PAIR_DECODE_SIDE_CHANNEL_OFFSET} (at most 65535), and neither may be one of "
+        f"{', '.join(map(str, _PAIR_PORTS))} (the engines' APIs and runtimes, the in-pod router and its metrics)",
+        field=".sideChannelPort",
+        check=_when(_pair_ports_taken, ".sideChannelPort"),
+    ),
+    Rule(
         id="autoscaling-min-not-above-max",
         scope="autoscaling",
         cel="self.minReplicas <= self.maxReplicas",
@@ -608,6 +709,7 @@ RULES: Final[tuple[Rule, ...]] = (
         check=_when(lambda r: r.min_decode_per_prefill is None and r.max_decode_per_prefill is None),
     ),
     *_RATIO_ROWS,
+    *_PAIR_ROWS,
     Rule(
         id="cache-pvc-needs-claim",
         scope="cache",

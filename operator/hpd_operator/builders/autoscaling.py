@@ -17,6 +17,7 @@ from typing import Any
 
 from hpd_operator.api.models import AutoscalingSpec, HybridPDDeployment
 from hpd_operator.api.names import role_name
+from hpd_operator.api.processns import pairs
 from hpd_operator.api.signals import SIGNALS, selector
 from hpd_operator.builders.common import Manifest
 from hpd_operator.builders.engine import generation_metadata
@@ -67,14 +68,16 @@ def _behavior(a: AutoscalingSpec) -> dict[str, Any]:
 
 
 def build_autoscaler(cr: HybridPDDeployment, role: contract.Role, bounds: Bounds, gen: Generation) -> Manifest:
-    """The HPA of one role of generation `gen` (the serving one), named like the Deployment it scales."""
+    """The HPA of one role of generation `gen` (the serving one), named like the Deployment it scales: with pair pods
+    decode's HPA scales the pair Deployment (`<cr>-pair-<gen>`) on decode's signals."""
     a = cr.spec.role(role).autoscaling
     assert a is not None
-    name = role_name(cr.metadata.name, role, gen.hash)
+    target = contract.COMPONENT_PAIR if pairs(cr.spec.kv_transfer) else role
+    name = role_name(cr.metadata.name, target, gen.hash)
     return {
         "apiVersion": HPA_API,
         "kind": "HorizontalPodAutoscaler",
-        "metadata": generation_metadata(cr, role, gen),
+        "metadata": generation_metadata(cr, target, gen),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicas": bounds.min_replicas,

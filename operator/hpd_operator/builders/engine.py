@@ -21,6 +21,7 @@ from hpd_operator.api.names import (
     serving_selector,
 )
 from hpd_operator.api.paircheck import pair_check
+from hpd_operator.api.processns import engine_ports
 from hpd_operator.builders.common import (
     POD_SECURITY_DEFAULTS,
     Manifest,
@@ -30,7 +31,7 @@ from hpd_operator.builders.common import (
     labels,
     metadata,
 )
-from hpd_operator.generations import Generation, hash_templates
+from hpd_operator.generations import Generation
 from hpd_operator.modelinfo import HOME_SIZE_LIMIT_GIB, TMP_SIZE_LIMIT_GIB, disk_plan
 from hpd_operator.profile import gemm_warmup_seconds
 from hpd_operator.profile_launch import drain_grace_seconds
@@ -149,23 +150,17 @@ def engine_group_templates(cr: HybridPDDeployment, profile: Profile, role: contr
     }
 
 
-def engine_templates(cr: HybridPDDeployment, profile: Profile) -> dict[str, Any]:
-    """What the spec's generation is made of, built once per reconcile: per role its pod template, or for a role
-    whose replica spans nodes its group size and leader and worker templates (engine_group_templates). The
-    generation's hash is taken over exactly these (generation_hash), and its workloads are built from them."""
+def role_templates(cr: HybridPDDeployment, profile: Profile) -> dict[str, Any]:
+    """What the spec's generation is made of when each role runs in pods of its own, built once per reconcile: per
+    role its pod template, or for a role whose replica spans nodes its group size and leader and worker templates
+    (engine_group_templates). The generation's hash is taken over exactly these (builders.generation_hash), and its
+    workloads are built from them; pair pods have their own template instead (builders.pair)."""
     return {
         role: engine_group_templates(cr, profile, role)
         if profile.role(role).multi_node
         else engine_pod_template(cr, profile, role)
         for role in contract.ROLES
     }
-
-
-def generation_hash(cr: HybridPDDeployment, profile: Profile, templates: Mapping[str, Any] | None = None) -> str:
-    """The id of the generation the spec asks for: a hash of both roles' templates (engine_templates; replicas, the
-    router, monitoring and network policy are not in them), so a one-pod role hashes as it did before multi-node
-    roles, and a shape change is a new generation. `templates`: the ones already built for this reconcile."""
-    return hash_templates(templates if templates is not None else engine_templates(cr, profile))
 
 
 def in_generation(template: Mapping[str, Any], cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
@@ -207,7 +202,7 @@ def engine_replicas(cr: HybridPDDeployment, role: contract.Role, serving: bool, 
 
 
 def build_engine_deployment(
-    cr: HybridPDDeployment, template: Mapping[str, Any], role: contract.Role, gen: Generation, replicas: int | None
+    cr: HybridPDDeployment, template: Mapping[str, Any], role: str, gen: Generation, replicas: int | None
 ) -> Manifest:
     """The role's Deployment of one generation from its pod template (engine_templates); `replicas` None leaves the
     field out (an autoscaling role: its HPA owns it, so no apply of the operator ever resets what the autoscaler
@@ -275,6 +270,7 @@ def _engine_container(
     rs, rp = spec.role(role), profile.role(role)
     startup_threshold = startup_failure_threshold(spec.warmup.timeout_seconds, gemm_warmup_seconds(spec.warmup))
     args = list(rp.args) + (list(rp.worker_args) if group_role == contract.GROUP_WORKER else [])
+    ports = engine_ports(spec.kv_transfer, role)
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -282,13 +278,9 @@ def _engine_container(
         "args": args,
         "env": _engine_env(cr, profile, role, group_role),
         "ports": [
-            {"name": contract.PORT_NAME_HTTP, "containerPort": contract.VLLM_PORT, "protocol": "TCP"},
-            {"name": contract.PORT_NAME_RUNTIME, "containerPort": contract.RUNTIME_PORT, "protocol": "TCP"},
-            {
-                "name": contract.PORT_NAME_SIDE_CHANNEL,
-                "containerPort": spec.kv_transfer.side_channel_port,
-                "protocol": "TCP",
-            },
+            {"name": contract.PORT_NAME_HTTP, "containerPort": ports.vllm, "protocol": "TCP"},
+            {"name": contract.PORT_NAME_RUNTIME, "containerPort": ports.runtime, "protocol": "TCP"},
+            {"name": contract.PORT_NAME_SIDE_CHANNEL, "containerPort": ports.side_channel, "protocol": "TCP"},
         ],
         "resources": _resources(rs.resources, rp.gpus_per_pod, rp.devices, disk_plan(spec).ephemeral_storage),
         "volumeMounts": mounts,
@@ -349,10 +341,9 @@ def _engine_volumes(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[
     return volumes, mounts
 
 
-def generation_metadata(
-    cr: HybridPDDeployment, role: contract.Role, gen: Generation, name: str | None = None
-) -> dict[str, Any]:
-    """Metadata of one generation's child: `name` (default `<cr>-<role>-<gen>`) and the generation's labels."""
+def generation_metadata(cr: HybridPDDeployment, role: str, gen: Generation, name: str | None = None) -> dict[str, Any]:
+    """Metadata of one generation's child: `name` (default `<cr>-<role>-<gen>`; `role` may be the pair pods'
+    component, contract.COMPONENT_PAIR) and the generation's labels."""
     cr_name = cr.metadata.name
     md = metadata(cr_name, cr.metadata.namespace, name or role_name(cr_name, role, gen.hash), role)
     md["labels"].update(gen.labels())

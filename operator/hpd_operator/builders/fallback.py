@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
-from hpd_operator.api.names import serving_selector, short_name
+from hpd_operator.api.names import selector_labels, serving_selector, short_name
+from hpd_operator.api.processns import pairs
 from hpd_operator.builders.common import Manifest, metadata
 from hpd_operator.conditions import Reason
 from hpd_operator.generations import Generation, Plan
@@ -90,12 +91,16 @@ def _ready(pod: Mapping[str, Any], nodes: Collection[str] | None) -> bool:
 def ready_api_pod_list(
     cr_name: str, gen: Generation, role: str, pods: Sequence[Mapping[str, Any]], nodes: Collection[str] | None = None
 ) -> list[Mapping[str, Any]]:
-    """The pods of `role` in `gen` that serve vLLM's API and are Ready (not being deleted)."""
-    want = serving_selector(cr_name, role, gen.hash, role in gen.groups)
+    """The pods of `role` in `gen` that serve vLLM's API and are Ready (not being deleted); a pair pod holds both roles
+    (Ready only when both engines and its router are)."""
+    wants = (
+        serving_selector(cr_name, role, gen.hash, role in gen.groups),
+        selector_labels(cr_name, contract.COMPONENT_PAIR, gen.hash),
+    )
     out = []
     for p in pods:
         have = (p.get("metadata") or {}).get("labels") or {}
-        if all(have.get(k) == v for k, v in want.items()) and _ready(p, nodes):
+        if any(all(have.get(k) == v for k, v in want.items()) for want in wants) and _ready(p, nodes):
             out.append(p)
     return out
 
@@ -161,8 +166,8 @@ def choose(  # noqa: PLR0913 - the plan and its pods, plus keyword-only observat
     So a fallback in force on decode also holds while no Ready decode's report lists one of the Ready prefill pods
     among its verified peers (`verified_prefills`: podevents.verified_prefills); None (no report lists its peers:
     none yet, or an older runtime) holds nothing, as before."""
-    if not cr.spec.router.degraded_mode or plan.route.hash not in plan.served:
-        return None
+    if not cr.spec.router.degraded_mode or plan.route.hash not in plan.served or pairs(cr.spec.kv_transfer):
+        return None  # pair pods: a pair with a dead container is NotReady and leaves the router's pool, no fallback
     name, gen = cr.metadata.name, plan.route
     ready: dict[str, int] = {r: ready_api_pods(name, gen, r, pods.get(r) or [], nodes) for r in contract.ROLES}
     for role, missing in (("prefill", "decode"), ("decode", "prefill")):

@@ -17,6 +17,7 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import instance_label, short_name
+from hpd_operator.api.processns import pairs
 from hpd_operator.builders.common import Manifest, metadata
 from hpd_runtime import contract
 
@@ -44,10 +45,22 @@ def relabelings(cr_name: str) -> list[dict[str, Any]]:
     ]
 
 
+PAIR_ROUTER_ROLE = "pair-router"
+"""`role` of a pair pod's in-pod router's series (the CR's router keeps `router`)."""
+
+
 def _endpoint(
-    cr: HybridPDDeployment, port: str, path: str = contract.PATH_METRICS, endpoint_label: str | None = None
+    cr: HybridPDDeployment,
+    port: str,
+    path: str = contract.PATH_METRICS,
+    endpoint_label: str | None = None,
+    role: str | None = None,
 ) -> dict[str, Any]:
+    """One scrape endpoint; `role`: the series' role when the pod's component does not say it (a pair pod holds
+    both engines and a router: each endpoint names its own)."""
     relabel = relabelings(cr.metadata.name)
+    if role is not None:
+        relabel.append({"action": "replace", "targetLabel": ROLE_LABEL, "replacement": role})
     if endpoint_label is not None:
         relabel.append({"action": "replace", "targetLabel": ENDPOINT_LABEL, "replacement": endpoint_label})
     return {"port": port, "path": path, "interval": cr.spec.monitoring.interval, "relabelings": relabel}
@@ -59,6 +72,17 @@ def _pod_monitor(cr: HybridPDDeployment, suffix: str, component: str, spec: dict
     return {"apiVersion": PODMONITOR_API, "kind": "PodMonitor", "metadata": md, "spec": spec}
 
 
+def _pair_endpoints(cr: HybridPDDeployment) -> list[dict[str, Any]]:
+    """A pair pod's endpoints: each engine's as a role pod's (prefill on `runtime`, decode on `decode-runtime`, each
+    series labelled with its role), and the in-pod router's metrics (role `pair-router`)."""
+    out = []
+    for role, port in (("prefill", contract.PORT_NAME_RUNTIME), ("decode", contract.PORT_NAME_DECODE_RUNTIME)):
+        out.append(_endpoint(cr, port, contract.PATH_VLLM_METRICS, VLLM_ENDPOINT, role=role))
+        out.append(_endpoint(cr, port, role=role))
+    out.append(_endpoint(cr, contract.PORT_NAME_ROUTER_METRICS, role=PAIR_ROUTER_ROLE))
+    return out
+
+
 def build_pod_monitors(cr: HybridPDDeployment) -> list[Manifest]:
     if not cr.spec.monitoring.pod_monitor:
         return []
@@ -67,16 +91,20 @@ def build_pod_monitors(cr: HybridPDDeployment) -> list[Manifest]:
     if any(cr.spec.role(r).multi_node for r in contract.ROLES):
         # the workers of a replica that spans nodes serve no vLLM API (its metrics are the leader's)
         match.append({"key": contract.LABEL_GROUP_ROLE, "operator": "NotIn", "values": [contract.GROUP_WORKER]})
+    endpoints = [
+        _endpoint(cr, contract.PORT_NAME_RUNTIME, contract.PATH_VLLM_METRICS, VLLM_ENDPOINT),
+        _endpoint(cr, contract.PORT_NAME_RUNTIME),
+    ]
+    if pairs(cr.spec.kv_transfer):
+        match = [{"key": contract.LABEL_COMPONENT, "operator": "In", "values": [contract.COMPONENT_PAIR]}]
+        endpoints = _pair_endpoints(cr)
     engines = _pod_monitor(
         cr,
         "engines",
         "engines",
         {
             "selector": {"matchLabels": {contract.LABEL_INSTANCE: inst}, "matchExpressions": match},
-            "podMetricsEndpoints": [
-                _endpoint(cr, contract.PORT_NAME_RUNTIME, contract.PATH_VLLM_METRICS, VLLM_ENDPOINT),
-                _endpoint(cr, contract.PORT_NAME_RUNTIME),
-            ],
+            "podMetricsEndpoints": endpoints,
         },
     )
     router = _pod_monitor(

@@ -17,6 +17,7 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import instance_label, selector_labels, short_name
+from hpd_operator.api.processns import pairs
 from hpd_operator.builders.common import Manifest, metadata
 from hpd_runtime import contract
 
@@ -25,11 +26,23 @@ DNS_PORT = 53
 HTTPS_PORT = 443
 
 
-def engines_selector(cr_name: str) -> dict[str, Any]:
+def engines_selector(cr_name: str, paired: bool = False) -> dict[str, Any]:
+    """The CR's engine pods: its role pods, or its pair pods (`paired`: spec.kvTransfer.processNamespace Pair)."""
+    values = [contract.COMPONENT_PAIR] if paired else list(contract.ROLES)
     return {
         "matchLabels": {contract.LABEL_INSTANCE: instance_label(cr_name)},
-        "matchExpressions": [{"key": contract.LABEL_COMPONENT, "operator": "In", "values": list(contract.ROLES)}],
+        "matchExpressions": [{"key": contract.LABEL_COMPONENT, "operator": "In", "values": values}],
     }
+
+
+def _engine_ports(cr: HybridPDDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(what the CR's router may reach, what Prometheus may reach) on the engine pods, by port name: vLLM's API and the
+    runtime's; a pair pod's router takes the API's place, and Prometheus also reaches decode's runtime and the in-pod
+    router's metrics."""
+    if pairs(cr.spec.kv_transfer):
+        scraped = (contract.PORT_NAME_RUNTIME, contract.PORT_NAME_DECODE_RUNTIME, contract.PORT_NAME_ROUTER_METRICS)
+        return _tcp(contract.PORT_NAME_PAIR_ROUTER), _tcp(*scraped)
+    return _tcp(contract.PORT_NAME_HTTP), _tcp(contract.PORT_NAME_RUNTIME)
 
 
 def _prometheus_peer(cr: HybridPDDeployment) -> dict[str, Any]:
@@ -43,17 +56,19 @@ def _tcp(*ports: int | str) -> list[dict[str, Any]]:
 
 def build_engines_network_policy(cr: HybridPDDeployment) -> Manifest:
     name, ns = cr.metadata.name, cr.metadata.namespace
-    engines = {"podSelector": engines_selector(name)}
+    paired = pairs(cr.spec.kv_transfer)
+    engines = {"podSelector": engines_selector(name, paired)}
+    routed, scraped = _engine_ports(cr)
     spec: dict[str, Any] = {
-        "podSelector": engines_selector(name),
+        "podSelector": engines_selector(name, paired),
         "policyTypes": ["Ingress"],
         "ingress": [
             {
                 "from": [{"podSelector": {"matchLabels": selector_labels(name, contract.COMPONENT_ROUTER)}}],
-                "ports": _tcp(contract.PORT_NAME_HTTP),
+                "ports": routed,
             },
             {"from": [engines]},
-            {"from": [_prometheus_peer(cr)], "ports": _tcp(contract.PORT_NAME_RUNTIME)},
+            {"from": [_prometheus_peer(cr)], "ports": scraped},
         ],
     }
     if cr.spec.network_policy.restrict_egress:

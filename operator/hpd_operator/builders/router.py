@@ -13,6 +13,7 @@ from typing import Any
 
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.names import endpoint_service_name, router_name, selector_labels, serving_selector
+from hpd_operator.api.processns import pairs
 from hpd_operator.builders.common import POD_SECURITY_DEFAULTS, Manifest, container_security_context, labels, metadata
 from hpd_operator.builders.fallback import Fallback
 from hpd_operator.generations import Generation
@@ -42,9 +43,29 @@ def _selector_args(cr_name: str, role: str, gen: Generation) -> list[str]:
     return [f"{k}={v}" for k, v in sel.items()]
 
 
+def _pair_discovery_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
+    """Pair pods (spec.kvTransfer.processNamespace Pair): vllm-router's regular mode over the pair pods of `gen`, each
+    a worker at its in-pod router's port (builders.pair), which pairs the pod's own prefill and decode. Not P/D mode:
+    that picks prefill and decode independently and would pair halves of two pods (two PID namespaces: tcp
+    emulation). In regular mode the router's retries and circuit breaker act on a failed pair pod."""
+    sel = selector_labels(cr.metadata.name, contract.COMPONENT_PAIR, gen.hash)
+    return [
+        "--policy",
+        cr.spec.router.policy,
+        "--service-discovery",
+        "--service-discovery-port",
+        str(contract.PAIR_ROUTER_PORT),
+        "--selector",
+        *[f"{k}={v}" for k, v in sel.items()],
+    ]
+
+
 def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
     """vllm-router 0.1.17 flags (read from `vllm-router --help` of the wheel); discovery selects `gen` only."""
     name, ns = cr.metadata.name, cr.metadata.namespace
+    if pairs(cr.spec.kv_transfer):
+        args = ["--host", "0.0.0.0", "--port", str(contract.ROUTER_PORT), *_pair_discovery_args(cr, gen)]
+        return args + _common_args(ns)
     args = [
         "--host",
         "0.0.0.0",
@@ -64,9 +85,13 @@ def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
         "--decode-selector",
         *_selector_args(name, "decode", gen),
     ]
-    if ns:
-        args += ["--service-discovery-namespace", ns]
-    args += [
+    return args + _common_args(ns)
+
+
+def _common_args(ns: str | None) -> list[str]:
+    """The discovery namespace, metrics and health checks, in either mode."""
+    return [
+        *(["--service-discovery-namespace", ns] if ns else []),
         "--prometheus-host",
         "0.0.0.0",
         "--prometheus-port",
@@ -75,7 +100,6 @@ def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
         contract.PATH_VLLM_HEALTH,
         *failover_args(),
     ]
-    return args
 
 
 HEALTH_CHECK_INTERVAL_SECONDS = 1
