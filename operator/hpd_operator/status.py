@@ -20,7 +20,7 @@ from typing import Any
 from hpd_operator.api.models import HybridPDDeploymentSpec
 from hpd_operator.api.names import endpoint_url, selector_string
 from hpd_operator.api.paircheck import pair_check
-from hpd_operator.api.processns import data_path_note
+from hpd_operator.api.processns import data_path_note, pairs
 from hpd_operator.conditions import (
     COMPONENT_CONDITION,
     FAILURE_REASONS,
@@ -139,8 +139,11 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     out: dict[str, Any] = {"phase": str(phase), "conditions": conds, **_serving(spec, failure, fallback)}
     if obs.generation is not None:
         out["observedGeneration"] = obs.generation
+    paired = obs.spec is not None and pairs(obs.spec.kv_transfer)
     for comp in COMPONENTS:
         out[comp] = _component_status(obs.name, comp, states[comp], gens, (obs.autoscalers or {}).get(comp))
+        if paired and comp in contract.ROLES:  # the scale subresource's selector: the pods that run the role
+            out[comp]["selector"] = selector_string(obs.name, contract.COMPONENT_PAIR)
     return _rest(out, obs, gens)
 
 

@@ -81,6 +81,14 @@ def test_a_pair_cr_becomes_one_pair_deployment_routed_in_regular_mode(
     status = cr["status"]
     assert (status["prefill"]["readyReplicas"], status["decode"]["readyReplicas"]) == (2, 2)
     assert "shareProcessNamespace" in str(status["profile"])
+    assert status["decode"]["selector"] == sel  # the scale subresource's selector: the pair pods
+
+    # the scale subresource (kubectl scale hpd) writes spec.decode.replicas alone: refused while pairs must be equal
+    with pytest.raises(ApiException) as e:
+        client.CustomObjectsApi(api_client).patch_namespaced_custom_object_scale(
+            contract.GROUP, contract.VERSION, ns, contract.PLURAL, name, {"spec": {"replicas": 3}}
+        )
+    assert e.value.status == 422 and "spec.decode.replicas must equal spec.prefill.replicas" in str(e.value.body)
 
 
 CEL_REFUSALS = [

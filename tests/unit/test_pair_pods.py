@@ -19,6 +19,7 @@ from hpd_operator.errors import SpecError
 from hpd_operator.generations import Generation, Plan
 from hpd_operator.profile import compute_profile
 from hpd_operator.rollout import generation_desired, generation_states
+from hpd_operator.status import Observation, compute_status
 from hpd_operator.validation import validate
 from hpd_runtime import contract as c
 
@@ -263,3 +264,22 @@ def test_degraded_mode_never_applies_to_pair_pods() -> None:
     assert choose(cr(), plan, {"prefill": pods, "decode": pods}) is None
     role_pods = {"prefill": [{**_pod("a", True, "10.0.0.1")}], "decode": []}
     assert choose(cr(), plan, role_pods) is None
+
+
+def test_status_names_the_pair_pods_and_the_shared_pid_namespace() -> None:
+    """The scale subresource's selector (status.decode.selector) selects the pair pods; DataPathVerified says the
+    PID namespace is the pair pod's own; no host-PID trade is named."""
+    x = cr()
+    ready = {"metadata": {"generation": 1}, "spec": {"replicas": 1},
+             "status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}}  # fmt: skip
+    kv = {"pod": "p-pair-0", "message": "cuda_ipc: 20 GB/s", "transport": "cuda_ipc"}
+    obs = Observation(
+        name="p", namespace="ns", spec=x.spec, observed={"prefill": ready, "decode": ready, "router": ready},
+        generation=1, profile=compute_profile(validate(x)), kv_path=kv,
+    )  # fmt: skip
+    status = compute_status(obs)
+    pair_selector = f"{c.LABEL_INSTANCE}=p,{c.LABEL_COMPONENT}={c.COMPONENT_PAIR}"
+    assert status["decode"]["selector"] == status["prefill"]["selector"] == pair_selector
+    [path] = [cond for cond in status["conditions"] if cond["type"] == "DataPathVerified"]
+    assert "inside each pair pod" in path["message"] and "security trade" not in path["message"]
+    assert "shareProcessNamespace" in str(status["profile"]) and "hostPID" not in str(status["profile"])
