@@ -13,7 +13,7 @@ from kubernetes import client
 from hpd_operator import apply as k8s
 from hpd_operator import generations, metrics, podevents, report
 from hpd_operator.api.names import kv_reporter_name
-from hpd_operator.api.processns import security_event
+from hpd_operator.api.processns import pairs, security_event
 from hpd_operator.builders.fallback import verified_ready_prefills
 from hpd_operator.conditions import Reason
 from hpd_operator.context import Run, TransientError
@@ -79,7 +79,12 @@ def prefills_checked(run: Run) -> tuple[int, int] | None:
         return None
     verified = podevents.verified_prefills(gen.pods["decode"], gen.pods["prefill"], kv_reports(run))
     checked = verified_ready_prefills(run.name, route, gen.pods["prefill"], verified, run.nodes)
-    return None if checked is None else (checked.by_every, checked.ready)
+    if checked is None:
+        return None
+    # pair pods: each decode checks (and is ever sent KV by) only the prefill of its own pod, so a prefill counts
+    # once its own decode lists it; otherwise every reporting decode must have checked it
+    paired = run.cr is not None and pairs(run.cr.spec.kv_transfer)
+    return (checked.by_one if paired else checked.by_every), checked.ready
 
 
 def kv_path_report(run: Run) -> dict[str, Any] | None:

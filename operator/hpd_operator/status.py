@@ -255,9 +255,11 @@ def _data_path_condition(
     canary = check.canary
     if decode.desired > 0 and decode.ready_all:
         measured = f"pod {kv['pod']}: {kv.get('message')}" if kv else "decode's /readyz names the measured rate"
-        with_ = "every Ready prefill"
+        paired = pairs(fabric)
+        with_ = "the prefill of its own pair pod" if paired else "every Ready prefill"
         if prefills is not None and prefills[0] < prefills[1]:
-            with_ = f"{prefills[0]} of {prefills[1]} Ready prefill pods (the rest at decode's next re-check)"
+            what = "pair pods' prefills" if paired else "Ready prefill pods"
+            with_ = f"{prefills[0]} of {prefills[1]} {what} (the rest at decode's next re-check)"
         msg = (f"{decode.ready}/{decode.desired} decode replica(s) verified P->D with {with_}; {canary}; "
                f"KV over fabric {fabric.fabric} ({measured})")  # fmt: skip
         if note := data_path_note(fabric):

@@ -14,7 +14,7 @@ from hpd_operator import generations, podevents
 from hpd_operator.api.models import HybridPDDeployment
 from hpd_operator.api.rules import RULES
 from hpd_operator.builders import build_all, engine_templates, generation_hash
-from hpd_operator.builders.fallback import choose, ready_api_pod_list
+from hpd_operator.builders.fallback import choose, ready_api_pod_list, verified_ready_prefills
 from hpd_operator.errors import SpecError
 from hpd_operator.generations import Generation, Plan
 from hpd_operator.profile import compute_profile
@@ -254,7 +254,11 @@ def test_decodes_pair_check_on_loopback_verifies_its_own_pods_prefill() -> None:
     pods = [_pod("a", True, "10.0.0.1"), _pod("b", True, "10.0.0.2")]
     peer = [{"ip": c.PAIR_LOOPBACK, "verifiedTime": "2026-12-04T10:01:00Z"}]
     reports = {f"uid-{n}": json.dumps({"uid": f"uid-{n}", "prefills": peer}) for n in ("a", "b")}
-    assert podevents.verified_prefills(pods, pods, reports) == [frozenset({"uid-a"}), frozenset({"uid-b"})]
+    verified = podevents.verified_prefills(pods, pods, reports)
+    assert verified == [frozenset({"uid-a"}), frozenset({"uid-b"})]
+    # each decode checked its own pod's prefill: both prefills are checked by one decode, by every decode none
+    checked = verified_ready_prefills("p", GEN, pods, verified)
+    assert checked is not None and (checked.ready, checked.by_one, checked.by_every) == (2, 2, 0)
 
 
 def test_degraded_mode_never_applies_to_pair_pods() -> None:
@@ -275,11 +279,12 @@ def test_status_names_the_pair_pods_and_the_shared_pid_namespace() -> None:
     kv = {"pod": "p-pair-0", "message": "cuda_ipc: 20 GB/s", "transport": "cuda_ipc"}
     obs = Observation(
         name="p", namespace="ns", spec=x.spec, observed={"prefill": ready, "decode": ready, "router": ready},
-        generation=1, profile=compute_profile(validate(x)), kv_path=kv,
+        generation=1, profile=compute_profile(validate(x)), kv_path=kv, prefills_checked=(1, 1),
     )  # fmt: skip
     status = compute_status(obs)
     pair_selector = f"{c.LABEL_INSTANCE}=p,{c.LABEL_COMPONENT}={c.COMPONENT_PAIR}"
     assert status["decode"]["selector"] == status["prefill"]["selector"] == pair_selector
     [path] = [cond for cond in status["conditions"] if cond["type"] == "DataPathVerified"]
     assert "inside each pair pod" in path["message"] and "security trade" not in path["message"]
+    assert "verified P->D with the prefill of its own pair pod" in path["message"], path["message"]
     assert "shareProcessNamespace" in str(status["profile"]) and "hostPID" not in str(status["profile"])
