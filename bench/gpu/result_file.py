@@ -19,6 +19,13 @@ COUNTED = (
     "failed = an HTTP error or no answer (a failed split request counts both hops as sent, one as failed)"
 )
 
+PAIR_ROLES = (
+    "the rendered pair pod's containers (a Pair CR, spec.kvTransfer.processNamespace Pair): prefill and decode are the "
+    "pair Deployment's engine containers of those names, their ports and env as rendered, and the router is its in-pod "
+    "router container's argv (static 127.0.0.1 URLs), each run's pair_pod.router_argv; what one host still forces is "
+    "host_substitutions"
+)
+
 
 def counts(run: dict[str, Any]) -> tuple[int, int]:
     """(sent, failed) of the requests this run's result records one by one or counts."""
@@ -95,6 +102,7 @@ def main() -> int:
             "roles_share_gpu": True,
             "roles_share_pid_namespace": topo.get("roles_share_pid_namespace"),
             "topology": topo,
+            **({"roles": PAIR_ROLES} if any("pair_pod" in r for r in runs.values()) else {}),
         },
         "requests": {"sent": sent, "answered": sent - failed, "failed": failed, "counted": COUNTED},
         "note": a.note,

@@ -60,6 +60,14 @@ Lanes: `--gpus 1,0 --port-offset 1000` runs a second invocation beside the first
 first listed GPU, TP=2 the first two; every port shifted). `--vllm-site VERSION=DIR` (repeatable) puts the vLLM
 build of the CR's image tag on each role's PYTHONPATH, so one lane can run CRs of different vLLM versions.
 Only loopback is used: 127.0.0.1, and 127.0.0.2 as the replacement decode's pod address.
+
+A Pair CR (spec.kvTransfer.processNamespace Pair) renders no prefill and decode Deployments but one pair Deployment
+`<cr>-pair-<gen>` whose pod holds the prefill and decode engine containers and an in-pod vllm-router container
+(static 127.0.0.1 URLs). For such a CR each role is that pod's container of its name, its ports and env as rendered
+(the pod's containers already have distinct ports in one network namespace; `--port-offset` shifts them), and the
+router is the pod's router container, its argv as rendered but for PAIR_HOST_SUBSTITUTIONS (the result's
+host_substitutions), started behind the topology's wrapper like the roles (`--topology=pair`: in the pod's PID and
+IPC namespace, its own mount namespace). The script's own router is not started for it.
 """
 
 from __future__ import annotations
@@ -145,8 +153,35 @@ HOST_SUBSTITUTIONS = [
 ]
 
 
+PAIR_HOST_SUBSTITUTIONS = [
+    "HPD_POD_IP=127.0.0.1 (the downward API's status.podIP; VLLM_NIXL_SIDE_CHANNEL_HOST=$(HPD_POD_IP) expands to it)",
+    "HPD_POD_NAME, HPD_POD_NAMESPACE, HPD_POD_UID (downward API metadata fields) not set: no apiserver here, so "
+    "decode's kv-reporter Lease write does not happen",
+    "ports: none; the pair pod's containers have distinct ports in one network namespace, used as rendered (prefill "
+    "8000/8081/5600, decode 8100/8181/5650, router 8200/29000 for the sample CR); with --port-offset N every one "
+    "shifted by N, decode's HPD_PREFILL_PORT/HPD_PREFILL_RUNTIME_PORT and the router's URLs with them",
+    "--model and HPD_MODEL: the local model directory (the CR names the served model); for a CR served with a "
+    "tokenizer (no --skip-tokenizer-init), a copy of it with bench/gpu/word_tokenizer.py's files",
+    "HPD_CACHE_DIR: a local directory (the pod mounts the cache volume at /cache)",
+    "HPD_RUNTIME_HOST=127.0.0.1 (loopback only); TRITON_PRINT_AUTOTUNING=1 (measurement)",
+    "CUDA_VISIBLE_DEVICES=the lane's first TP GPUs per role (both roles share the first; on Kubernetes each engine "
+    "container has its own GPUs)",
+    "PYTHONPATH: the vLLM build of the rendered image's tag (--vllm-site), the router wheels and hpd_runtime",
+    "VLLM_USE_FLASHINFER_SAMPLER=0: flashinfer is not staged (the image ships it); greedy requests sample the same",
+    "router container: command `vllm-router` run as `python -c ...vllm_router.launch_router.main` (the wheel's "
+    "console script; the wheels are installed with pip --target, no script on PATH); --host and --prometheus-host "
+    "0.0.0.0 -> 127.0.0.1 (loopback only: in the pod 0.0.0.0 is the pod's own network namespace); every other "
+    "argument as rendered",
+]
+"""What one host forces on a Pair CR's pair pod (recorded as the run's and the report's host_substitutions)."""
+PORT_OFFSET = [0]
+"""The lane's --port-offset (shift_ports): a Pair CR's rendered ports are shifted by it."""
+ROUTER_MAIN = "import sys; from vllm_router.launch_router import main; sys.exit(main())"
+
+
 def shift_ports(offset: int) -> None:
     """A second lane on the same host: every port this script uses moves by `offset`."""
+    PORT_OFFSET[0] += offset
     for ports in (*PORTS.values(), ROUTER_PORTS):
         for k in ports:
             ports[k] += offset
@@ -158,7 +193,22 @@ def expand_k8s_vars(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
 
 
+def pair_pod(manifests: list[dict[str, Any]], cr: str) -> dict[str, Any] | None:
+    """The pod spec of the CR's pair Deployment (component `pair`: a Pair CR), else None."""
+    for m in manifests:
+        labels = m.get("metadata", {}).get("labels", {})
+        if (
+            m.get("kind") == "Deployment"
+            and labels.get(contract.LABEL_INSTANCE) == cr
+            and labels.get(contract.LABEL_COMPONENT) == contract.COMPONENT_PAIR
+        ):
+            return dict(m["spec"]["template"]["spec"])
+    return None
+
+
 def rendered_container(manifests: list[dict[str, Any]], cr: str, role: str) -> dict[str, Any]:
+    """The role's container: the first of its role Deployment, or for a Pair CR the pair pod's container named
+    `role` (prefill, decode, router)."""
     for m in manifests:
         labels = m.get("metadata", {}).get("labels", {})
         if (
@@ -167,7 +217,68 @@ def rendered_container(manifests: list[dict[str, Any]], cr: str, role: str) -> d
             and labels.get(contract.LABEL_COMPONENT) == role
         ):
             return dict(m["spec"]["template"]["spec"]["containers"][0])
+    if is_pair(manifests, cr):
+        return pair_container(manifests, cr, role)
     raise KeyError(f"no {role} Deployment of {cr} in the rendered manifests")
+
+
+def pair_container(manifests: list[dict[str, Any]], cr: str, name: str) -> dict[str, Any]:
+    """The pair pod's container `name` (prefill, decode, router: the in-pod router, not the CR's router Deployment)."""
+    for ctr in (pair_pod(manifests, cr) or {}).get("containers", []):
+        if ctr.get("name") == name:
+            return dict(ctr)
+    raise KeyError(f"no {name} container in the pair pod of {cr} in the rendered manifests")
+
+
+def rendered_ports(ctr: dict[str, Any]) -> dict[str, int]:
+    """An engine container's ports as rendered (vLLM's --port, the runtime's and NIXL's side channel's), shifted by
+    the lane's --port-offset."""
+    env = {e["name"]: e["value"] for e in ctr.get("env", []) if "value" in e}
+    args = list(ctr["args"])
+    ports = {"vllm": int(args[args.index("--port") + 1]), "runtime": int(env[contract.ENV_RUNTIME_PORT]),
+             "side": int(env[contract.ENV_VLLM_NIXL_SIDE_CHANNEL_PORT])}  # fmt: skip
+    return {k: v + PORT_OFFSET[0] for k, v in ports.items()}
+
+
+def is_pair(manifests: list[dict[str, Any]], cr: str) -> bool:
+    return pair_pod(manifests, cr) is not None
+
+
+@contextlib.contextmanager
+def pair_ports(manifests: list[dict[str, Any]], cr: str) -> Any:
+    """While a Pair CR's run lasts, PORTS of prefill and decode and ROUTER_PORTS' http/metrics are the pair pod's
+    rendered ones (what the script's checks reach); restored after. A CR of role Deployments: nothing changes."""
+    if not is_pair(manifests, cr):
+        yield
+        return
+    saved = ({n: dict(PORTS[n]) for n in contract.ROLES}, dict(ROUTER_PORTS))
+    for n in contract.ROLES:
+        PORTS[n] = rendered_ports(rendered_container(manifests, cr, n))
+    args = list(pair_container(manifests, cr, "router")["args"])
+    ROUTER_PORTS["http"] = int(args[args.index("--port") + 1]) + PORT_OFFSET[0]
+    ROUTER_PORTS["metrics"] = int(args[args.index("--prometheus-port") + 1]) + PORT_OFFSET[0]
+    try:
+        yield
+    finally:
+        PORTS.update(saved[0])
+        ROUTER_PORTS.clear()
+        ROUTER_PORTS.update(saved[1])
+
+
+def pair_router_argv(manifests: list[dict[str, Any]], cr: str) -> list[str]:
+    """The pair pod's router container as rendered (static 127.0.0.1 URLs of the pod's prefill and decode), with
+    PAIR_HOST_SUBSTITUTIONS only: the console script as `python -c`, loopback binds, the lane's port offset."""
+    ctr = pair_container(manifests, cr, "router")
+    args = list(ctr["args"])
+    for flag in ("--host", "--prometheus-host"):
+        if flag in args:
+            _set_arg(args, flag, "127.0.0.1")
+    if PORT_OFFSET[0]:
+        for flag in ("--port", "--prometheus-port"):
+            _set_arg(args, flag, str(int(args[args.index(flag) + 1]) + PORT_OFFSET[0]))
+        args = [re.sub(r"^(http://127\.0\.0\.1:)([0-9]+)$", lambda m: f"{m.group(1)}{int(m.group(2)) + PORT_OFFSET[0]}", a)
+                for a in args]  # fmt: skip
+    return [sys.executable, "-c", ROUTER_MAIN, *args]
 
 
 def _set_arg(args: list[str], flag: str, value: str) -> None:
@@ -197,10 +308,11 @@ def role_command(
 ) -> Role:  # fmt: skip
     """One role's argv/env: the rendered container's command + args and env, with HOST_SUBSTITUTIONS only. `pod`
     (a PORTS key, default the role) and `pod_ip` make another pod of the same Deployment (replace-decode)."""
+    pair = pod is None and is_pair(manifests, cr)
     pod = pod or name
     ctr = rendered_container(manifests, cr, name)
     args = list(ctr["args"])
-    ports = PORTS[pod]
+    ports = rendered_ports(ctr) if pair else PORTS[pod]
     _set_arg(args, "--port", str(ports["vllm"]))
     _set_arg(args, "--model", str(model_dir))
     env: dict[str, str] = {}
@@ -222,7 +334,12 @@ def role_command(
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in GPUS[:tp]),
         **NO_NVLINK_MULTICAST,
     })  # fmt: skip
-    if name == "decode":
+    if name == "decode" and pair:  # the rendered 127.0.0.1 and default ports are the pod's own prefill
+        if PORT_OFFSET[0]:
+            p = rendered_ports(rendered_container(manifests, cr, "prefill"))
+            env[contract.ENV_PREFILL_PORT] = str(p["vllm"])
+            env[contract.ENV_PREFILL_RUNTIME_PORT] = str(p["runtime"])
+    elif name == "decode":
         env[contract.ENV_PREFILL_SERVICE] = "127.0.0.1"
         env[contract.ENV_PREFILL_PORT] = str(PORTS["prefill"]["vllm"])
         env[contract.ENV_PREFILL_RUNTIME_PORT] = str(PORTS["prefill"]["runtime"])
@@ -233,7 +350,8 @@ def role_command(
 
 
 def role_commands(manifests: list[dict[str, Any]], cr: str, model_dir: Path, cache_root: Path) -> dict[str, Role]:
-    """Each role's argv/env (role_command) for the CR's prefill and decode Deployments."""
+    """Each role's argv/env (role_command) for the CR's prefill and decode Deployments (a Pair CR: the pair pod's
+    prefill and decode containers)."""
     return {name: role_command(manifests, cr, name, model_dir, cache_root) for name in contract.ROLES}
 
 
@@ -413,6 +531,15 @@ def isolated_argv(role: Role) -> list[str]:
     return [*isolation.role_prefix(name, which, TOPOLOGY["holder_pid"], as_root=True), *role.argv]
 
 
+def pod_container_prefix() -> list[str]:
+    """The topology's wrapper for a further container of the pod (the pair pod's router): under `pair`, in the pod's
+    PID and IPC namespace and its own mount namespace, as the roles (this script's uid, as the roles here)."""
+    name = TOPOLOGY["name"]
+    if name == "pair" and TOPOLOGY["holder"] is None:
+        TOPOLOGY["holder"], TOPOLOGY["holder_pid"] = isolation.start_holder()
+    return isolation.role_prefix(name, "p", TOPOLOGY["holder_pid"], as_root=True)  # as_root: the role picks no uid
+
+
 def start_role(role: Role, out: Path, tag: str, base_env: dict[str, str]) -> None:
     role.log = out / f"{tag}-{role.name}.log"
     role.t_start, role.t_health, role.t_ready = time.perf_counter(), None, None
@@ -580,13 +707,19 @@ class Router:
     """vllm-router 0.1.17 on loopback: P/D (`--vllm-pd-disaggregation`, prefill and decode of PORTS), or with
     `workers` its regular mode over those vLLM ports (round robin, as bench/load's colocated side). `decode` points
     a P/D router at another decode pod (its host and PORTS entry; static URLs, as the bench's router has), on the
-    ROUTER_PORTS pair `ports` (a second router beside the first)."""
+    ROUTER_PORTS pair `ports` (a second router beside the first). `argv`: a rendered router instead (the pair pod's,
+    pair_router_argv), listening on its own --port, behind the topology's wrapper as a container of the pod."""
 
     def __init__(
         self, out: Path, tag: str, env: dict[str, str], workers: list[str] | None = None, *,
-        decode: Role | None = None, ports: tuple[str, str] = ("http", "metrics"),
+        decode: Role | None = None, ports: tuple[str, str] = ("http", "metrics"), argv: list[str] | None = None,
     ) -> None:  # fmt: skip
         self.log = out / f"{tag}-router.log"
+        if argv is not None:
+            self.port = int(argv[argv.index("--port") + 1])
+            self.argv = [*pod_container_prefix(), *argv]
+            self._start(env)
+            return
         d_url = (
             f"http://{decode.host}:{PORTS[decode.name]['vllm']}"
             if decode
@@ -604,8 +737,13 @@ class Router:
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ROUTER_PORTS[ports[1]]),
         ]  # fmt: skip
         self.argv = argv
+        self._start(env)
+
+    def _start(self, env: dict[str, str]) -> None:
         with self.log.open("wb") as fh:
-            self.proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + 120
         while get(f"http://127.0.0.1:{self.port}/health")[0] != 200:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -2113,6 +2251,13 @@ def gpu_name() -> str:
 def run_step(
     cr: str, steps: list[str], manifests: list[dict[str, Any]], args: argparse.Namespace, report: dict[str, Any]
 ) -> None:
+    with pair_ports(manifests, cr.partition("@")[0]):
+        _run_step(cr, steps, manifests, args, report)
+
+
+def _run_step(
+    cr: str, steps: list[str], manifests: list[dict[str, Any]], args: argparse.Namespace, report: dict[str, Any]
+) -> None:
     out: Path = args.out
     key, cr, variant = cr, *cr.partition("@")[::2]
     if cr.endswith("-fixed"):
@@ -2126,6 +2271,10 @@ def run_step(
     cache_root = args.work / f"cache-{'eager' if 'eager' in cr else 'compile'}"
     roles = role_commands(manifests, cr, model_dir, cache_root)
     res: dict[str, Any] = {}
+    router_argv = pair_router_argv(manifests, cr) if is_pair(manifests, cr) else None
+    if router_argv is not None:
+        res["pair_pod"] = {"router_argv": router_argv, "host_substitutions": PAIR_HOST_SUBSTITUTIONS,
+                           "ports": {n: PORTS[n] for n in contract.ROLES} | {"router": ROUTER_PORTS["http"]}}  # fmt: skip
     if variant:
         res["experiment"] = apply_variant(roles, variant)
     if "canary" in steps:  # the "on" phase's decode; the replacement pod gets 0 (bench/gpu/README.md, issue #31)
@@ -2154,7 +2303,7 @@ def run_step(
         start_role(roles["decode"], out, cr, base_env)
         if "badpair" in steps:
             wait_ready({"prefill": roles["prefill"]}, time.perf_counter() + 420)
-            router = Router(out, cr, base_env)
+            router = Router(out, cr, base_env, argv=router_argv)
             res["badpair"] = badpair(roles, served)
             try:
                 res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
@@ -2172,7 +2321,7 @@ def run_step(
             res["kv_path_reports"] = {ev: [{k: e.get(k) for k in ("report", "transport", "protocol", "config")}
                                            for e in runtime_events(roles["decode"], ev)]
                                       for ev in ("kv_transport", "kv_path")}  # fmt: skip
-            router = Router(out, cr, base_env)
+            router = Router(out, cr, base_env, argv=router_argv)
             res["first_request"] = first_request(served)
             res["pd_vs_colocated"] = compare_outputs(served, OUTPUT_LENGTHS, 1000)
             if "shapes" in steps:
@@ -2211,7 +2360,7 @@ def run_step(
                 # the first P->D request through a *fresh* router, once vLLM has served the router: tells the router's
                 # own first-request cost (again slow) from a one-time cost in vLLM (now fast); 0.5-0.7 s on 2026-11-29
                 router.stop()
-                router = Router(out, cr + "-2", base_env)
+                router = Router(out, cr + "-2", base_env, argv=router_argv)
                 res["first_request_fresh_router"] = first_request(served, only_router=True)
             if "restart" in steps:
                 res["restart"] = restart_prefill(roles, served, out, cr, base_env)
@@ -2238,6 +2387,21 @@ def run_step(
             roles, 0.0 if interrupted else TEARDOWN_GRACE_S if decode_steps else 60.0
         )
         res["seconds"] = round(time.monotonic() - t_begin, 1)
+
+
+def host_substitutions(manifests: list[dict[str, Any]], plan: str) -> list[str]:
+    """The report's host_substitutions: HOST_SUBSTITUTIONS for CRs of role Deployments, PAIR_HOST_SUBSTITUTIONS for
+    Pair CRs (both, each marked, when a plan holds both kinds)."""
+    crs = [item.partition(":")[0].partition("@")[0] for item in plan.split(",")]
+    pairs = {is_pair(manifests, cr) for cr in crs}
+    if pairs == {False}:
+        return HOST_SUBSTITUTIONS
+    if pairs == {True}:
+        return PAIR_HOST_SUBSTITUTIONS
+    return [
+        *(f"role Deployments: {s}" for s in HOST_SUBSTITUTIONS),
+        *(f"pair pod: {s}" for s in PAIR_HOST_SUBSTITUTIONS),
+    ]
 
 
 def brief_run(r: dict[str, Any]) -> dict[str, Any]:
@@ -2305,7 +2469,7 @@ def main() -> int:
     manifests = json.loads(args.rendered.read_text())["items"]
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "gpu": gpu_name(),
                               "lane": {"gpus": GPUS, "port_offset": args.port_offset, "vllm_sites": VLLM_SITES},
-                              "host_substitutions": HOST_SUBSTITUTIONS, "runs": {},
+                              "host_substitutions": host_substitutions(manifests, args.plan), "runs": {},
                               "topology": {"name": args.topology, "why": isolation.TOPOLOGIES[args.topology].why,
                                            "roles_share_pid_namespace":
                                                isolation.TOPOLOGIES[args.topology].roles_share_pid_namespace,

@@ -233,3 +233,63 @@ def test_env_variants_set_or_remove_one_entry_on_both_roles(
         assert r.env.get(name) == (variant.partition("=")[2] if variant.startswith("env+") else None)
     with pytest.raises(SystemExit, match="unknown plan variant"):
         run.apply_variant(roles, "env+1BAD=x")
+
+
+def test_a_pair_cr_runs_the_pair_pods_containers_with_their_rendered_ports(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """nemotron-h-8b-pair (processNamespace Pair): no role Deployments; each role is the pair pod's container of its
+    name, ports and env as rendered (one network namespace, distinct ports already): only the model, cache, pod IP,
+    runtime host and the measurement env change; decode keeps the rendered 127.0.0.1 prefill (default ports)."""
+    cr = "nemotron-h-8b-pair"
+    pod = run.pair_pod(rendered, cr)
+    assert pod is not None and pod["shareProcessNamespace"] is True
+    assert run.pair_pod(rendered, "nemotron-h-8b") is None
+    roles = run.role_commands(rendered, cr, tmp_path / "model", tmp_path / "cache")
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"prefill", "decode", "router"}
+    for name, role in roles.items():
+        ctr = containers[name]
+        assert run.rendered_container(rendered, cr, name) == ctr
+        got, want = role.argv[len(ctr["command"]) :], list(ctr["args"])
+        assert role.argv[: len(ctr["command"])] == ctr["command"]
+        changed = {want[i] for i in range(len(want)) if got[i] != want[i]}
+        assert len(got) == len(want) and changed == {"nemotron-h-8b"}  # --model only (the served name stays)
+        rendered_env = {e["name"]: e["value"] for e in ctr["env"] if "value" in e}
+        substituted = {k for k in rendered_env if role.env.get(k) != rendered_env[k]}
+        assert substituted == {"VLLM_NIXL_SIDE_CHANNEL_HOST", "HPD_MODEL", "HPD_CACHE_DIR"}
+        assert role.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == role.env["HPD_POD_IP"] == "127.0.0.1"
+        assert role.env["CUDA_VISIBLE_DEVICES"] == "0"
+    d = roles["decode"].env
+    assert d["HPD_PREFILL_SERVICE"] == "127.0.0.1" and "HPD_PREFILL_PORT" not in d  # the runtime's defaults: 8000
+    assert arg(roles["prefill"].argv, "--port") == "8000" and arg(roles["decode"].argv, "--port") == "8100"
+    # the script's checks reach the pod's ports while the run lasts, and the lane's after
+    before = (json.dumps(run.PORTS), json.dumps(run.ROUTER_PORTS))
+    with run.pair_ports(rendered, cr):
+        assert run.PORTS["prefill"] == {"vllm": 8000, "runtime": 8081, "side": 5600}
+        assert run.PORTS["decode"] == {"vllm": 8100, "runtime": 8181, "side": 5650}
+        assert run.ROUTER_PORTS["http"] == 8200 and run.router_url() == "http://127.0.0.1:8200/v1/completions"
+    assert (json.dumps(run.PORTS), json.dumps(run.ROUTER_PORTS)) == before
+    assert run.host_substitutions(rendered, f"{cr}:cold+load") == run.PAIR_HOST_SUBSTITUTIONS
+    assert run.host_substitutions(rendered, "tiny-eager:cold") == run.HOST_SUBSTITUTIONS
+
+
+def test_the_pair_pods_router_is_its_rendered_argv_on_loopback(rendered: list[dict[str, Any]]) -> None:
+    """The in-pod router container, not the CR's router Deployment (service discovery over the pair pods): its
+    args as rendered, static 127.0.0.1 URLs of the pod's engines, but for the loopback binds."""
+    cr = "nemotron-h-8b-pair"
+    argv = run.pair_router_argv(rendered, cr)
+    want = list(run.pair_container(rendered, cr, "router")["args"])
+    assert argv[:3] == [sys.executable, "-c", run.ROUTER_MAIN]
+    got = argv[3:]
+    assert len(got) == len(want)
+    assert {(w, g) for w, g in zip(want, got, strict=True) if w != g} == {("0.0.0.0", "127.0.0.1")}
+    assert arg(got, "--prefill") == "http://127.0.0.1:8000" and arg(got, "--decode") == "http://127.0.0.1:8100"
+    assert "--vllm-pd-disaggregation" in got and "--service-discovery" not in got
+    try:  # a second lane: every port shifted, the URLs with them
+        run.PORT_OFFSET[0] = 1000
+        shifted = run.pair_router_argv(rendered, cr)[3:]
+        assert arg(shifted, "--port") == "9200" and arg(shifted, "--prefill") == "http://127.0.0.1:9000"
+        assert arg(shifted, "--decode") == "http://127.0.0.1:9100" and arg(shifted, "--prometheus-port") == "30000"
+    finally:
+        run.PORT_OFFSET[0] = 0
