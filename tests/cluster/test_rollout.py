@@ -10,6 +10,7 @@ run here (tests/runtime/test_rollout_traffic.py runs the real one)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,8 @@ class Step:
     """Generation -> roles whose Deployment exists."""
     ready: str
     """The CR's Ready condition status."""
+    why: str = ""
+    """Its reason and message, and when the step was seen (what a failure prints)."""
 
 
 @dataclass
@@ -141,7 +144,10 @@ class Watcher:
             elif not d.metadata.deletion_timestamp:
                 gens.setdefault(d.metadata.labels[GEN], set()).add(d.metadata.labels[COMPONENT])
         engines = [p for p in pods if p.metadata.labels.get(COMPONENT) in contract.ROLES]
-        return Step(routers, engines, gens, str(cond(get_cr(self.api, self.ns, self.name), "Ready").get("status")))
+        cr = get_cr(self.api, self.ns, self.name)
+        rd = cond(cr, "Ready")
+        why = f"{time.strftime('%H:%M:%S')} {rd.get('reason')}: {rd.get('message')}; rollout {cr['status'].get('rollout')}"
+        return Step(routers, engines, gens, str(rd.get("status")), why)
 
 
 def check(step: Step) -> list[str]:
@@ -244,7 +250,8 @@ def test_an_image_change_rolls_a_whole_new_generation_that_takes_traffic_only_on
         wait_for(lambda: not node.pods(**{GEN: g1}), T, what="generation 1's pods gone")
         wait_for(lambda: {g2} in serves(watcher.steps[-3:]), T, what="the watcher sees generation 2 serve")
     assert not watcher.problems, "\n".join(watcher.problems[:20])
-    assert {st.ready for st in watcher.steps} == {"True"}, "Ready=True all along: a generation served throughout"
+    not_ready = [f"step {i}: Ready={st.ready} {st.why}" for i, st in enumerate(watcher.steps) if st.ready != "True"]
+    assert not not_ready, "Ready=True all along: a generation served throughout\n" + "\n".join(not_ready[:10])
     assert {g1} in serves(watcher.steps) and {g2} in serves(watcher.steps), "the watcher saw both generations serve"
     first_g2 = next(i for i, st in enumerate(watcher.steps) if any(
         sel["decode"].get(GEN) == g2 for _, _, sel in st.routers))  # fmt: skip
