@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install the real node's runtime from Debian, idempotently: containerd + runc (the container runtime the kubelet
-# talks to over CRI), containernetworking-plugins (bridge, host-local, loopback: the pods' network namespaces) and
-# busybox-static (the tests' small image on the real node). The kubelet itself and its pause binary are built from
-# the pinned k8s.io/kubernetes module by hpd_devcluster (realnode.py), not installed here. Nothing is started or
-# enabled: hpd_devcluster runs containerd with a private config and state under the cluster's own directory.
+# talks to over CRI), containernetworking-plugins (bridge, host-local, loopback: the pods' network namespaces),
+# busybox-static (the tests' small image on the real node) and haproxy (the router pod's retry proxy, which
+# tests/runtime/test_router_failover.py runs on the host with images/router/retry.cfg). The kubelet itself and its
+# pause binary are built from the pinned k8s.io/kubernetes module by hpd_devcluster (realnode.py), not installed
+# here. Nothing is started or enabled: hpd_devcluster runs containerd with a private config and state under the
+# cluster's own directory.
 set -euo pipefail
 need=()
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
@@ -11,6 +13,7 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 # busybox-static (not Debian's dynamic busybox): the tests' image copies /bin/busybox alone onto an empty root
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need+=(busybox-static)
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi

@@ -92,7 +92,7 @@ class Spec:
 
 SPECS: dict[ImageName, Spec] = {
     "operator": Spec(REPO / "images/operator/Dockerfile", "PYTHON_IMAGE", ("images/install-wheel.sh",), True, False),
-    "router": Spec(REPO / "images/router/Dockerfile", "PYTHON_IMAGE", (), False, False),
+    "router": Spec(REPO / "images/router/Dockerfile", "PYTHON_IMAGE", ("images/router/retry.cfg",), False, False),
     "vllm": Spec(REPO / "images/vllm/Dockerfile", "VLLM_IMAGE", ("images/install-wheel.sh",), True, True),
 }
 

@@ -61,7 +61,16 @@ def operator_report(operator_image: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def router_report() -> dict[str, Any]:
     _require_tools()
-    return probe(images.ensure_image("router"), ["vllm-router", "--help"])
+    # the retry proxy as the operator renders it (builders.router._retry_container): its config checks with the
+    # rendered environment, and dumb-init is there to turn SIGTERM into HAProxy's graceful stop
+    env = " ".join(f"{k}={v}" for k, v in ((contract.ENV_RETRY_PORT, 8090), (contract.ENV_RETRY_ROUTER_PORT, 8091),
+                                          (contract.ENV_RETRY_HOLD_PORT, 8092), (contract.ENV_RETRIES, 3)))  # fmt: skip
+    return probe(
+        images.ensure_image("router"),
+        ["vllm-router", "--help"],
+        ["sh", "-c", f"{env} haproxy -c -f {contract.ROUTER_RETRY_CONFIG}"],
+        ["dumb-init", "--version"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +101,7 @@ def test_router_image_runs_vllm_router_0_1_17_as_uid_1000(router_report: dict[st
     assert router_report["versions"]["vllm-router"] == "0.1.17"
     help_text = router_report["commands"][0]["stdout"]
     assert "--worker-urls" in help_text and "--policy" in help_text
+    assert "Configuration file is valid" in router_report["commands"][1]["stdout"]
 
 
 def test_vllm_image_steps_install_nixl_and_the_runtime(vllm_report: dict[str, Any]) -> None:

@@ -1,34 +1,43 @@
-"""A prefill or decode that dies under traffic leaves the router's choice through the health-check flags the operator
-renders (hpd_operator.builders.router.failover_args): the real vllm-router 0.1.17 binary in P/D mode in front of
-vLLM stand-ins (loopback only), one engine of a role of two SIGKILLed while clients keep sending.
+"""A prefill or decode that dies under traffic costs at most the requests in flight on it: the real vllm-router 0.1.17
+binary in P/D mode in front of vLLM stand-ins (loopback only), behind the router pod's retry proxy as the operator
+renders it (HAProxy with images/router/retry.cfg and spec.router.retries' default), one engine of a role of two
+SIGKILLed while clients keep sending.
 
-What vllm-router 0.1.17 does in P/D mode bounds what can be asserted: it retries no request on another engine and its
-circuit breaker does not take the dead engine out (hpd_operator.builders.router.HEALTH_CHECK_INTERVAL_SECONDS), so
-the requests it sends to the dead engine between the crash and its health checker's verdict fail. Asserted: the
-router's own view marks the dead engine unhealthy (which, with the parser's defaults of 60 s x 3, it would not do
-within the wait), and from then on every request succeeds; the failed requests are counted and printed."""
+vllm-router 0.1.17 retries nothing in P/D mode and keeps the dead engine in its choice until its health checker's
+verdict (the flags of hpd_operator.builders.router.failover_args), so a request it sends there in that window is
+answered 500 at once; the proxy sends it to the router again, which picks again. As many clients again go to a
+second router over the same engines with no proxy in front, over the same kill: their failures show the window was
+there (else the proxy's count proves nothing); the proxy's clients may lose only what was in flight at the kill,
+and every request after the verdict succeeds either way. Each router has its own process (its own round-robin
+counter and health checker), so the two sets of clients do not change each other's picks."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from hpd_operator.api import constants
 from hpd_operator.builders.router import failover_args
+from hpd_runtime import contract
 from hpd_runtime.config import load_config
 from hpd_runtime.readiness import RuntimeMetrics, RuntimeState, evaluate_readiness
 
 from .conftest import LOOPBACK, Fake, free_port, get_json, http, wait_until
 
 ROUTER = Path(sys.executable).with_name("vllm-router")
+RETRY_CONFIG = Path(__file__).resolve().parents[2] / "images/router/retry.cfg"
 CLIENTS = 4
+"""Through the retry proxy; as many again go to the router directly."""
 MAX_REQUESTS = 2000
-"""Bounds the traffic in count (each client stops at its share or when told, whichever comes first)."""
+"""Bounds each set of clients' traffic in count (each client stops at its share or when told)."""
 AFTER_VERDICT = 40
 """Requests sent once the router marked the dead engine unhealthy: every one must succeed."""
 BODY = {"model": "fake-model", "prompt": list(range(3, 20)), "max_tokens": 4}
@@ -36,10 +45,10 @@ BODY = {"model": "fake-model", "prompt": list(range(3, 20)), "max_tokens": 4}
 
 @dataclass
 class Traffic:
-    """Clients looping on the router; each result is (phase at send, status)."""
+    """Clients looping on one URL; each result is (phase at send, status)."""
 
     url: str
-    phase: list[str] = field(default_factory=lambda: ["before"])
+    phase: list[str]
     results: list[tuple[str, int]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -53,9 +62,12 @@ class Traffic:
             with self.lock:
                 self.results.append((phase, status))
 
-    def count(self, phase: str, ok: bool | None = None) -> int:
+    def count(self, phase: str | None = None, ok: bool | None = None) -> int:
         with self.lock:
-            return sum(1 for p, s in self.results if p == phase and (ok is None or (s == 200) == ok))
+            return sum(1 for p, s in self.results if phase in (None, p) and (ok is None or (s == 200) == ok))
+
+    def by_phase(self) -> dict[str, tuple[int, int]]:
+        return {p: (self.count(p), self.count(p, ok=False)) for p in ("before", "window", "after")}
 
 
 def _start_router(prefills: list[Fake], decodes: list[Fake]) -> tuple[subprocess.Popen[bytes], str]:
@@ -73,48 +85,81 @@ def _start_router(prefills: list[Fake], decodes: list[Fake]) -> tuple[subprocess
     return proc, url
 
 
-def _healthy(url: str, role: str) -> int:
-    status, _ = http("GET", url + "/readiness")
-    return int(get_json(url + "/readiness")[role]["healthy"]) if status == 200 else 0
+@pytest.fixture()
+def retry_proxy(tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """start(router_url) -> the proxy's URL: Debian's haproxy with the router image's retry.cfg and the environment
+    the operator renders (builders.router._retry_container), the router on loopback behind it."""
+    exe = shutil.which("haproxy")
+    assert exe, "haproxy is not installed (hack/real-node-tools.sh: apt-get install haproxy)"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(router_url: str) -> str:
+        port = free_port()
+        env = {**os.environ, contract.ENV_RETRY_PORT: str(port), contract.ENV_RETRY_ROUTER_PORT:
+               router_url.rsplit(":", 1)[1], contract.ENV_RETRY_HOLD_PORT: str(free_port()),
+               contract.ENV_RETRIES: str(constants.DEFAULT_ROUTER_RETRIES)}  # fmt: skip
+        log = (tmp_path / "haproxy.log").open("wb")
+        procs.append(subprocess.Popen([exe, "-db", "-f", str(RETRY_CONFIG)], env=env, stdout=log, stderr=log))
+        url = f"http://{LOOPBACK}:{port}"
+        wait_until(lambda: http("GET", url + contract.PATH_RETRY_HEALTH)[0] == 200, timeout=30, what="retry proxy")
+        return url
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
 
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
-def test_a_dead_engine_of_two_leaves_the_routers_choice_and_new_requests_succeed(
-    role: str, start_fake: Callable[..., Fake]
+def test_a_dead_engine_of_two_costs_at_most_its_requests_in_flight_behind_the_retry_proxy(
+    role: str, start_fake: Callable[..., Fake], retry_proxy: Callable[[str], str]
 ) -> None:
     assert ROUTER.exists(), f"vllm-router is not installed next to {sys.executable} (pip install vllm-router)"
     slow = ("--completion-delay", "0.05")  # requests are in flight on the engine when it dies
     prefills = [start_fake(*slow) for _ in range(2 if role == "prefill" else 1)]
     decodes = [start_fake(*slow) for _ in range(2 if role == "decode" else 1)]
     victim = (prefills if role == "prefill" else decodes)[0]
-    proc, url = _start_router(prefills, decodes)
-    traffic = Traffic(url)
-    clients = [threading.Thread(target=traffic._client) for _ in range(CLIENTS)]
+    routers = [_start_router(prefills, decodes) for _ in range(2)]
+    urls = [url for _, url in routers]
+    phase = ["before"]
+    proxied, direct = Traffic(retry_proxy(urls[0]), phase), Traffic(urls[1], phase)
+    clients = [threading.Thread(target=t._client) for t in (proxied, direct) for _ in range(CLIENTS)]
     try:
-        wait_until(lambda: _healthy(url, role) == 2, timeout=30, what=f"router sees 2 healthy {role}s")
+        wait_until(lambda: all(_healthy(u, role) == 2 for u in urls), timeout=30, what=f"routers see 2 healthy {role}s")
         for c in clients:
             c.start()
-        wait_until(lambda: traffic.count("before", ok=True) >= 40, timeout=60, what="traffic flowing")
-        traffic.phase[0] = "window"
+        wait_until(lambda: proxied.count("before", ok=True) >= 40, timeout=60, what="traffic flowing")
+        phase[0] = "window"
         victim.proc.kill()
         victim.proc.wait(10)
-        # the router's verdict: its health checker marked the dead engine unhealthy (the parser's default flags
+        # the routers' verdict: their health checkers marked the dead engine unhealthy (the parser's default flags
         # would take 120-180 s; this wait gives up long before)
-        wait_until(lambda: _healthy(url, role) == 1, timeout=15, interval=0.1, what=f"router drops the dead {role}")
-        traffic.phase[0] = "after"
-        wait_until(lambda: traffic.count("after") >= AFTER_VERDICT, timeout=60, what="traffic after the verdict")
+        wait_until(lambda: all(_healthy(u, role) == 1 for u in urls), timeout=15, interval=0.1,
+                   what=f"routers drop the dead {role}")  # fmt: skip
+        phase[0] = "after"
+        wait_until(lambda: proxied.count("after") >= AFTER_VERDICT, timeout=60, what="traffic after the verdict")
     finally:
-        traffic.stop.set()
+        for t in (proxied, direct):
+            t.stop.set()
         for c in clients:
             if c.is_alive():
                 c.join(60)
-        proc.terminate()
-        proc.wait(10)
-    counts = {p: (traffic.count(p), traffic.count(p, ok=False)) for p in ("before", "window", "after")}
+        for proc, _ in routers:
+            proc.terminate()
+            proc.wait(10)
+    counts = {"through the retry proxy": proxied.by_phase(), "to the router directly": direct.by_phase()}
     print(f"\n{role} killed, (requests, failed) by phase: {counts}")
-    # sent before the kill and failed: at most the requests in flight on it (each client has one at a time)
-    assert counts["before"][1] <= CLIENTS, counts
-    assert counts["after"][0] >= AFTER_VERDICT and counts["after"][1] == 0, counts
+    # the window was real: requests sent straight to the router in it failed
+    assert direct.count("window", ok=False) > 0, counts
+    # through the proxy: at most the requests in flight on the dead engine at the kill (one per client at a time)
+    assert proxied.count(ok=False) <= CLIENTS, counts
+    for t in (proxied, direct):
+        assert t.count("after") >= 1 and t.count("after", ok=False) == 0, counts
+
+
+def _healthy(url: str, role: str) -> int:
+    status, _ = http("GET", url + "/readiness")
+    return int(get_json(url + "/readiness")[role]["healthy"]) if status == 200 else 0
 
 
 def test_readiness_fails_as_soon_as_the_supervised_vllm_exits(start_fake: Callable[..., Fake]) -> None:

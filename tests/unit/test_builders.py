@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,72 @@ def test_router_runs_nixl_pd_with_kubernetes_discovery() -> None:
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "nemotron-3-nano-router", "namespace": "ns1"}]
     svc = by(objs, "Service", "nemotron-3-nano")
     assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["ports"][0]["port"] == 8000
+
+
+def containers(dep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+def ports(c: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in c["ports"]}
+
+
+def test_the_router_pod_in_pd_mode_has_the_retry_proxy_on_the_endpoint_port_and_the_router_behind_it() -> None:
+    dep = by(build(seed_doc()), "Deployment", "nemotron-3-nano-router")
+    cs = containers(dep)
+    assert list(cs) == ["router", "retry"]  # the router first: the rollout reads its discovery args
+    router, retry = cs["router"], cs["retry"]
+    assert router["args"][router["args"].index("--port") + 1] == str(contract.ROUTER_BACKEND_PORT)
+    assert ports(router) == {"router-http": contract.ROUTER_BACKEND_PORT, "metrics": contract.ROUTER_METRICS_PORT}
+    assert router["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "router-http"}
+    assert router["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "router-http"}
+    # the Service's targetPort `http` is the proxy's; HAProxy under dumb-init (SIGTERM -> SIGUSR1: graceful stop)
+    assert ports(retry) == {"http": contract.ROUTER_PORT}
+    assert by(build(seed_doc()), "Service", "nemotron-3-nano")["spec"]["ports"][0]["targetPort"] == "http"
+    assert retry["command"] == ["dumb-init", "--rewrite", "15:10", "haproxy", "-db", "-f", "/etc/hpd/retry.cfg"]
+    assert retry["image"] == router["image"]
+    assert env(retry) == {
+        "HPD_RETRY_PORT": "8090", "HPD_ROUTER_PORT": "8091", "HPD_RETRY_HOLD_PORT": "8092", "HPD_RETRIES": "3"
+    }  # fmt: skip
+    assert retry["readinessProbe"]["httpGet"] == {"path": contract.PATH_RETRY_HEALTH, "port": "http"}
+    assert retry["securityContext"]["readOnlyRootFilesystem"] is True
+    assert retry["lifecycle"] == router["lifecycle"]  # both leave the endpoints before they stop listening
+    assert retry["resources"] == {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}}
+
+    doc = seed_doc()
+    doc["spec"]["router"]["retries"] = 5
+    assert env(containers(by(build(doc), "Deployment", "nemotron-3-nano-router"))["retry"])["HPD_RETRIES"] == "5"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"router": {"retries": 0}}, {"kvTransfer": {"processNamespace": "Pair"}}],
+    ids=["retries 0", "pair pods"],
+)
+def test_without_the_retry_proxy_the_router_serves_the_endpoint_port_itself(spec: dict[str, Any]) -> None:
+    doc = seed_doc()
+    for key, value in spec.items():
+        doc["spec"].setdefault(key, {}).update(value)
+    cs = containers(by(build(doc), "Deployment", "nemotron-3-nano-router"))
+    assert list(cs) == ["router"]
+    router = cs["router"]
+    assert router["args"][router["args"].index("--port") + 1] == str(contract.ROUTER_PORT)
+    assert ports(router)["http"] == contract.ROUTER_PORT
+    assert router["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+
+
+def test_the_retry_proxys_config_reads_exactly_the_environment_the_operator_renders() -> None:
+    cfg = (REPO / "images/router/retry.cfg").read_text()
+    used = set(re.findall(r"\$\{(\w+)\}", cfg))
+    rendered = set(env(containers(by(build(seed_doc()), "Deployment", "nemotron-3-nano-router"))["retry"]))
+    assert used == rendered == {
+        contract.ENV_RETRY_PORT, contract.ENV_RETRY_ROUTER_PORT, contract.ENV_RETRY_HOLD_PORT, contract.ENV_RETRIES
+    }  # fmt: skip
+    assert f"monitor-uri {contract.PATH_RETRY_HEALTH}" in cfg
+    assert 'bind 127.0.0.1:"${HPD_RETRY_HOLD_PORT}"' in cfg  # the hold is the pod's own, never a client's
+    # the router's failures are retried; a 504 (the router's own request timeout) never is
+    [retry_on] = [line.split()[1:] for line in cfg.splitlines() if line.strip().startswith("retry-on")]
+    assert "500" in retry_on and "conn-failure" in retry_on and "504" not in retry_on
 
 
 def test_engines_run_read_only_with_emptydirs_where_they_write() -> None:

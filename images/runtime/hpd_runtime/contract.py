@@ -55,7 +55,23 @@ SIDE_CHANNEL_PORT_DEFAULT: Final = 5600
 MASTER_PORT: Final = 29501
 """torch.distributed's rendezvous on the leader of a replica that spans nodes (vLLM's `--master-port` default)."""
 ROUTER_PORT: Final = 8090
+"""The router pod's API (container port name `http`, the `<cr>` Service's target): vllm-router's own, or, in P/D mode
+with spec.router.retries > 0, the retry proxy's in front of it (ROUTER_BACKEND_PORT)."""
 ROUTER_METRICS_PORT: Final = 29000
+ROUTER_BACKEND_PORT: Final = 8091
+"""vllm-router's API behind the retry proxy (container port name `router-http`): the proxy reaches it on 127.0.0.1,
+the kubelet's probes on the pod IP; the router NetworkPolicy admits no client to it."""
+ROUTER_RETRY_CONFIG: Final = "/etc/hpd/retry.cfg"
+"""The retry proxy's HAProxy configuration in the router image (images/router/retry.cfg), set by the environment
+below."""
+ENV_RETRY_PORT: Final = "HPD_RETRY_PORT"
+ENV_RETRY_ROUTER_PORT: Final = "HPD_ROUTER_PORT"
+ENV_RETRY_HOLD_PORT: Final = "HPD_RETRY_HOLD_PORT"
+ENV_RETRIES: Final = "HPD_RETRIES"
+ROUTER_RETRY_HOLD_PORT: Final = 8092
+"""The retry proxy's one-second hold on 127.0.0.1 (retry.cfg `later`): every other retry passes through it."""
+PATH_RETRY_HEALTH: Final = "/hpd-retry/health"
+"""Answered by the retry proxy itself (HAProxy's monitor-uri): its own readiness and liveness."""
 
 # A pair pod (spec.kvTransfer.processNamespace Pair): one prefill engine, one decode engine and an in-pod router in one
 # pod, one PID namespace (shareProcessNamespace) and one network namespace. Prefill keeps the ports above; decode and the
@@ -88,6 +104,7 @@ PORT_NAME_DECODE_HTTP: Final = "decode-http"
 PORT_NAME_DECODE_RUNTIME: Final = "decode-runtime"
 PORT_NAME_DECODE_SIDE_CHANNEL: Final = "decode-nixl"
 PORT_NAME_PAIR_ROUTER: Final = "pair-router"
+PORT_NAME_ROUTER_BACKEND: Final = "router-http"
 
 PATH_READYZ: Final = "/readyz"
 PATH_LIVEZ: Final = "/livez"

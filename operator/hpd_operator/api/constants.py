@@ -42,6 +42,12 @@ DEFAULT_VLLM_IMAGE: Final = vllm_image(DEFAULT_VLLM_VERSION)
 DEFAULT_ROUTER_IMAGE: Final = "ghcr.io/hybridpd/vllm-router:0.1.17"
 DEFAULT_ROUTER_SERVICE_PORT: Final = 8000
 DEFAULT_ROUTER_DRAIN_SECONDS: Final = 300
+DEFAULT_ROUTER_RETRIES: Final = 3
+"""spec.router.retries: 4 attempts in all, at 0, 1, 1 and 2 s (images/router/retry.cfg). A crashed engine leaves the
+router's choice on its pod's NotReady, about a second after the crash: the attempts after that pick among the live
+ones; before it, a pick misses the dead one of two with 1/2 (each pick after a prefill has run is as good as
+random under concurrency: the other requests move the round-robin counter meanwhile)."""
+MAX_ROUTER_RETRIES: Final = 5
 """spec.router.drainSeconds: a replaced router pod's time to finish its in-flight requests (a few thousand tokens
 at tens of tokens per second take minutes)."""
 DEFAULT_WARMUP_TIMEOUT_SECONDS: Final = contract.WARMUP_TIMEOUT_SECONDS_DEFAULT

@@ -489,6 +489,15 @@ class RouterSpec(_Model):
     pod's terminationGracePeriodSeconds is this plus a few seconds). A rollout removes the old generation's engines
     only after its router pods are gone, so this bounds how long the old generation outlives the switch. Set it to
     the longest request you serve (a long generation can take minutes)."""
+    retries: int = Field(default=c.DEFAULT_ROUTER_RETRIES, ge=0, le=c.MAX_ROUTER_RETRIES)
+    """How many times the router pod's retry proxy (HAProxy, a second container of the router pod) sends a request
+    to vllm-router again when the router failed it before the client saw a byte: a 500 from a prefill or decode that
+    crashed and is still in the router's choice (it leaves on its pod's NotReady or its health check, about a second
+    later), a 502/503 or a closed connection. vllm-router retries nothing in P/D mode; each retry is a new pick
+    (round_robin and random pick another engine; power_of_two, cache_aware and consistent_hash may pick the same
+    dead one until it leaves). A retry after a decode failure runs the prefill again, and a request that itself
+    crashes an engine is tried 1 + retries times. 0: no proxy, the router serves the endpoint port itself. Ignored
+    for pair pods (the router's regular mode retries on its own)."""
     degraded_mode: bool = True
     """While the serving generation has Ready pods of one role and none of the other, the endpoint (the `<cr>`
     Service) selects the Ready role's pods directly: each is a complete vLLM server and runs a request without

@@ -5,7 +5,11 @@ carry it as a label. Moving traffic to a new generation changes the selectors, s
 pod starts and discovers only the new generation's Ready pods; once it is Ready (vllm-router's /readiness needs a
 prefill and a decode) the old router pod is taken out of the Service's endpoints, waits PRESTOP_SECONDS for that to
 reach every node, and gets SIGTERM: vllm-router then stops accepting and finishes its in-flight requests (graceful
-shutdown) within spec.router.drainSeconds. No router pod ever selects two generations."""
+shutdown) within spec.router.drainSeconds. No router pod ever selects two generations.
+
+In P/D mode the router pod has a second container, the retry proxy (HAProxy, images/router/retry.cfg): it holds the
+endpoint port and sends a request the router failed before answering (a crashed prefill or decode still in its
+choice) to the router again, spec.router.retries times; vllm-router 0.1.17 retries nothing in P/D mode."""
 
 from __future__ import annotations
 
@@ -60,6 +64,16 @@ def _pair_discovery_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
     ]
 
 
+def retrying(cr: HybridPDDeployment) -> bool:
+    """The router pod runs the retry proxy: P/D mode (pair pods' regular mode retries on its own) and retries > 0."""
+    return not pairs(cr.spec.kv_transfer) and cr.spec.router.retries > 0
+
+
+def router_port(cr: HybridPDDeployment) -> int:
+    """Where vllm-router listens: behind the retry proxy, or on the endpoint port itself."""
+    return contract.ROUTER_BACKEND_PORT if retrying(cr) else contract.ROUTER_PORT
+
+
 def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
     """vllm-router 0.1.17 flags (read from `vllm-router --help` of the wheel); discovery selects `gen` only."""
     name, ns = cr.metadata.name, cr.metadata.namespace
@@ -70,7 +84,7 @@ def router_args(cr: HybridPDDeployment, gen: Generation) -> list[str]:
         "--host",
         "0.0.0.0",
         "--port",
-        str(contract.ROUTER_PORT),
+        str(router_port(cr)),
         "--vllm-pd-disaggregation",
         "--kv-connector",
         "nixl",
@@ -103,14 +117,16 @@ def _common_args(ns: str | None) -> list[str]:
 
 
 HEALTH_CHECK_INTERVAL_SECONDS = 1
-"""vllm-router's own health checker is what takes a crashed engine out of its choice: its Kubernetes discovery drops
-a pod only once it is deleted (a pod whose container died stays, NotReady: router#279), and in P/D mode 0.1.17 does
-not retry a request on another engine nor trip its circuit breaker on the failed decode (measured with the wheel:
---retry-max-retries 3 and --cb-failure-threshold 2 changed nothing). Its default interval is 60 s with 3 failures:
-half the requests failed for as long against a dead decode of two. Every second costs one GET /health per engine."""
+"""vllm-router's health checker: one checker for the whole registry, on this interval (whole seconds; 1 is its
+floor). Its Kubernetes discovery already drops a pod that turns NotReady or is being deleted (0.1.17
+service_discovery.rs handle_pod_event; router#279 was 0.1.15's), and the engine's container exits with vLLM, so a
+crashed engine usually leaves on its pod's NotReady first; the health checker is the backstop for an engine that
+hangs with its pod still Ready. The parser's default is 60 s: half the requests failed for minutes against a dead
+decode of two. Every second costs one GET /health per engine."""
 HEALTH_FAILURE_THRESHOLD = 2
-"""Two consecutive failures: a crashed engine refuses connections at once, so it leaves after ~2 s (measured: the
-last failed request 1.8 s after the SIGKILL, 28 failures at 4 clients); one slow answer alone removes nothing."""
+"""Two consecutive failures. vllm-router 0.1.17 applies this and the timeout below only to static --prefill/--decode
+workers: workers it discovers get its built-in health config (pd_router.rs add_server passes none: 3 failures, 5 s
+timeout). Rendered anyway, so a router that passes them on uses them."""
 HEALTH_CHECK_TIMEOUT_SECONDS = 2
 """A hung engine (alive, not answering) counts as failing after 2 s; vLLM's /health only asks its engine client
 whether the engine core died (no request queue in between), so a busy engine answers well within this."""
@@ -129,24 +145,63 @@ def failover_args() -> list[str]:
     ]
 
 
+RETRY_CONTAINER_NAME = "retry"
+RETRY_COMMAND = ["dumb-init", "--rewrite", "15:10", "haproxy", "-db", "-f", contract.ROUTER_RETRY_CONFIG]
+"""HAProxy in the foreground under dumb-init, which turns the kubelet's SIGTERM into SIGUSR1: HAProxy's graceful stop
+(stop listening, finish the requests in flight); on SIGTERM itself HAProxy would cut them."""
+RETRY_REQUESTS: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
+RETRY_LIMITS: dict[str, str] = {"memory": "1Gi"}
+"""The retry proxy's resources (spec.router.resources is the router container's). Idle HAProxy is about 10 MiB; each
+request in flight holds up to two 256 KiB buffers (retry.cfg tune.bufsize) and maxconn is 2048. No CPU limit, as for
+the router."""
+
+
+def _retry_container(cr: HybridPDDeployment) -> dict[str, Any]:
+    """The retry proxy on the endpoint port, in front of vllm-router on ROUTER_BACKEND_PORT (same image)."""
+
+    def health() -> dict[str, Any]:
+        return {"httpGet": {"path": contract.PATH_RETRY_HEALTH, "port": contract.PORT_NAME_HTTP}}
+
+    return {
+        "name": RETRY_CONTAINER_NAME,
+        "image": cr.spec.router.image,
+        "command": list(RETRY_COMMAND),
+        "env": [
+            {"name": contract.ENV_RETRY_PORT, "value": str(contract.ROUTER_PORT)},
+            {"name": contract.ENV_RETRY_ROUTER_PORT, "value": str(contract.ROUTER_BACKEND_PORT)},
+            {"name": contract.ENV_RETRY_HOLD_PORT, "value": str(contract.ROUTER_RETRY_HOLD_PORT)},
+            {"name": contract.ENV_RETRIES, "value": str(cr.spec.router.retries)},
+        ],
+        "ports": [{"name": contract.PORT_NAME_HTTP, "containerPort": contract.ROUTER_PORT, "protocol": "TCP"}],
+        "readinessProbe": {**health(), "periodSeconds": 5},
+        "livenessProbe": {**health(), "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": container_security_context(RUN_AS_USER, readOnlyRootFilesystem=True),
+        # as the router's: out of the Service's endpoints everywhere before it stops listening
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "resources": {"limits": dict(RETRY_LIMITS), "requests": dict(RETRY_REQUESTS)},
+    }
+
+
 def _router_container(cr: HybridPDDeployment, gen: Generation) -> dict[str, Any]:
     r = cr.spec.router
+    # behind the retry proxy the router's API port has its own name: `http` (the Service's target) is the proxy's
+    api_port = contract.PORT_NAME_ROUTER_BACKEND if retrying(cr) else contract.PORT_NAME_HTTP
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": r.image,
         "command": list(COMMAND),
         "args": router_args(cr, gen),
         "ports": [
-            {"name": contract.PORT_NAME_HTTP, "containerPort": contract.ROUTER_PORT, "protocol": "TCP"},
+            {"name": api_port, "containerPort": router_port(cr), "protocol": "TCP"},
             {
                 "name": contract.PORT_NAME_ROUTER_METRICS,
                 "containerPort": contract.ROUTER_METRICS_PORT,
                 "protocol": "TCP",
             },
         ],
-        "readinessProbe": {"httpGet": {"path": "/readiness", "port": contract.PORT_NAME_HTTP}, "periodSeconds": 5},
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": api_port}, "periodSeconds": 5},
         "livenessProbe": {
-            "httpGet": {"path": "/liveness", "port": contract.PORT_NAME_HTTP},
+            "httpGet": {"path": "/liveness", "port": api_port},
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
@@ -201,7 +256,8 @@ def build_router_deployment(cr: HybridPDDeployment, gen: Generation) -> Manifest
                     # the router's Kubernetes discovery watches pods with this token (engines get none)
                     "automountServiceAccountToken": True,
                     **POD_SECURITY_DEFAULTS,
-                    "containers": [container],
+                    # the router first: its discovery args are what the rollout reads of a router pod
+                    "containers": [container, *([_retry_container(cr)] if retrying(cr) else [])],
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": RUN_AS_USER,
