@@ -60,8 +60,8 @@ def pod_of(api: client.ApiClient, ns: str, deployment_name: str, ip: str) -> Pod
 
 
 def port_of(api: client.ApiClient, ns: str, deployment_name: str, name: str) -> int:
-    (container,) = deployment(api, ns, deployment_name).spec.template.spec.containers
-    return int(next(p.container_port for p in container.ports if p.name == name))
+    containers = deployment(api, ns, deployment_name).spec.template.spec.containers
+    return int(next(p.container_port for c in containers for p in c.ports if p.name == name))
 
 
 def test_prometheus_labelled_pods_elsewhere_reach_metrics_but_never_completions(
@@ -80,7 +80,8 @@ def test_prometheus_labelled_pods_elsewhere_reach_metrics_but_never_completions(
     runtime = port_of(api_client, ns, f"{name}-decode-{g}", contract.PORT_NAME_RUNTIME)
     side = port_of(api_client, ns, f"{name}-decode-{g}", contract.PORT_NAME_SIDE_CHANNEL)
     router_metrics = port_of(api_client, ns, f"{name}-router", contract.PORT_NAME_ROUTER_METRICS)
-    router_http = port_of(api_client, ns, f"{name}-router", contract.PORT_NAME_HTTP)
+    router_http = port_of(api_client, ns, f"{name}-router", contract.PORT_NAME_HTTP)  # the retry proxy's
+    router_behind = port_of(api_client, ns, f"{name}-router", contract.PORT_NAME_ROUTER_BACKEND)
 
     cases: list[tuple[str, Traffic, bool]] = [
         ("prometheus-labelled pod elsewhere -> decode API (completions)", Traffic(scraper, decode, http, "http"), False),
@@ -96,6 +97,7 @@ def test_prometheus_labelled_pods_elsewhere_reach_metrics_but_never_completions(
         ("decode -> prefill UCX ephemeral port", Traffic(decode, prefill, UCX_PORT), True),
         ("prefill -> decode UCX ephemeral port", Traffic(prefill, decode, UCX_PORT), True),
         ("any pod -> router endpoint", Traffic(stranger, router, router_http, "http"), True),
+        ("any pod -> vllm-router behind the retry proxy", Traffic(stranger, router, router_behind, "router-http"), False),
         ("unlabelled pod in the namespace -> decode API", Traffic(stranger, decode, http, "http"), False),
         ("unlabelled pod in the namespace -> decode runtime", Traffic(stranger, decode, runtime, "runtime"), False),
     ]  # fmt: skip

@@ -196,9 +196,11 @@ ROUTER = (
         for_="5m",
         severity="warning",
         summary="Router {{ $labels.pod }} health-checks {{ $labels.worker }} as down",
-        description="vllm-router keeps discovered workers that turn NotReady (router#279); requests routed to "
-        "{{ $labels.worker }} fail.",
-        runbook="Check the worker pod; if it is gone, restart the router pod to drop the stale worker.",
+        description="vllm-router's health checker has failed {{ $labels.worker }} for 5 minutes while its discovery "
+        "still lists it (a pod that turned NotReady or was deleted is dropped at once): a hung engine whose pod reads "
+        "Ready, or a stale registration.",
+        runbook="Check the worker pod (runtime /readyz, vLLM log); if it is gone, restart the router pod to drop the "
+        "stale worker.",
     ),
     Alert(
         name="HPDRouterPDErrors",
