@@ -8,12 +8,11 @@ containerd, CNI bridge and kube-proxy (test_real_node_e2e's cluster, operator an
 (b) One decode of two crashes: its engine process (the stand-in vLLM, a child of the runtime's launcher in the
     container) SIGKILLed from the host, found through containerd's task list. The launcher exits with it, the kubelet
     restarts the container, the pod is Ready again after its pair check. vllm-router 0.1.17 in P/D mode retries no
-    request and keeps sending to a dead engine until it takes it out (its health checker's verdict or its service
-    discovery seeing the pod NotReady: docs/reliability.md), so requests it sends there in that window fail: counted
-    and recorded (when each was sent), not bounded by a number; what is asserted is that none hangs (each answered or
-    refused within a bound derived from the router's rendered health-check flags), that the status says a decode is
-    down meanwhile, that none failed before the kill, and that nothing fails once the pod is Ready again (after its
-    pair check).
+    request and keeps sending to a dead engine until it takes it out (its service discovery seeing the pod NotReady,
+    or its health checker's verdict: docs/reliability.md); the router pod's retry proxy sends what the router failed
+    in that window again. Asserted: the kill costs at most the requests in flight at it, none hangs (each answered
+    or refused within a bound derived from the router's rendered health-check flags and the proxy's holds), the
+    status says a decode is down meanwhile, and nothing fails once the pod is Ready again (after its pair check).
 (c) The only prefill deleted under traffic: degraded mode the other way round: the endpoint selects the decode pod,
     which answers on its own (no kv_transfer_params in what it receives); once the Deployment's replacement prefill is
     Ready and decode has passed its pair check with it, the Service selects the router again. Decode stays Ready: its
@@ -251,8 +250,9 @@ def colocated_metric(e: E2E, role: str) -> float:
 def hang_bound(e: E2E) -> tuple[float, dict[str, Any]]:
     """The longest a request may take while a decode is dead, from the router Deployment's rendered flags: the
     router's verdict on an engine that fails its health checks (failure threshold x (interval + check timeout)),
-    plus what a request may take when nothing fails here (NORMAL_S). A killed engine's sockets are reset by the
-    kernel, so a request sent to it fails at once; one that waited longer than this hung."""
+    plus the retry proxy's holds (every other retry waits one second: images/router/retry.cfg), plus what a request
+    may take when nothing fails here (NORMAL_S). A killed engine's sockets are reset by the kernel, so a request sent
+    to it fails at once; one that waited longer than this hung."""
     dep = client.AppsV1Api(e.api).read_namespaced_deployment(f"{CR}-router", e.ns)
     args = list(dep.spec.template.spec.containers[0].args or [])
     rendered = [arg(args, f) for f in ("--health-check-interval-secs", "--health-failure-threshold",
@@ -260,10 +260,14 @@ def hang_bound(e: E2E) -> tuple[float, dict[str, Any]]:
     assert None not in rendered, f"the router's health-check flags are not rendered: {args}"
     interval, threshold, check_timeout = float(rendered[0] or 0), int(rendered[1] or 0), float(rendered[2] or 0)
     verdict = threshold * (interval + check_timeout)
+    retry = {c.name: c for c in dep.spec.template.spec.containers}.get("retry")
+    retries = int({v.name: v.value for v in (retry.env or [])}[contract.ENV_RETRIES]) if retry else 0
+    holds = float((retries + 1) // 2)
     flags = {"health_check_interval_s": interval, "health_failure_threshold": threshold,
              "health_check_timeout_s": check_timeout, "request_timeout_rendered": arg(args, "--request-timeout-secs"),
-             "verdict_s": verdict, "normal_request_s": NORMAL_S, "bound_s": verdict + NORMAL_S}  # fmt: skip
-    return verdict + NORMAL_S, flags
+             "verdict_s": verdict, "retries": retries, "retry_holds_s": holds, "normal_request_s": NORMAL_S,
+             "bound_s": verdict + holds + NORMAL_S}  # fmt: skip
+    return verdict + holds + NORMAL_S, flags
 
 
 def engine_process(e: E2E, container_id: str) -> tuple[int, int]:
@@ -531,11 +535,9 @@ def test_a_sigkilled_decode_engine_restarts_and_no_request_hangs_or_fails_after_
         "failed_because_of_the_kill": lost,
         "failed_le_in_flight": lost <= in_flight,
         "failed_sent_s_after_kill": failed_at(traffic.results, t_kill),
-        "why_not": None if lost <= in_flight else "vllm-router 0.1.17 in P/D mode retries no request and keeps "
-        "sending to the dead decode (round robin) until it takes it out (its health checker: "
-        f"{flags['health_failure_threshold']} failed checks {flags['health_check_interval_s']} s apart, or its "
-        "service discovery seeing the pod NotReady); the requests it sent there in that window failed (see "
-        "failed_sent_s_after_kill and seconds_after_kill.last_failed_sent), on top of those in flight",
+        "why_not": None if lost <= in_flight else "the router sent requests to the dead decode until its discovery "
+        "saw the pod NotReady (or its health checker failed it), and the retry proxy's attempts "
+        f"({flags['retries']} retries) did not outlast that (see failed_sent_s_after_kill)",
         "hang_bound": flags,
         "seconds_after_kill": {"status_one_decode_down": next((round(s["t"] - t_kill, 2) for s in during
                                                                if s["decode_ready"] == 1), None),
@@ -556,6 +558,8 @@ def test_a_sigkilled_decode_engine_restarts_and_no_request_hangs_or_fails_after_
     assert not hung, f"clients still waiting after {bound} s: {hung}"
     assert all(c["timed_out"] == 0 for c in counts.values()), counts  # none waited past the bound: no hang
     assert counts["before"]["failed"] == 0, counts["before"]
+    # the router pod's retry proxy sends what the router failed again: the kill costs at most what was in flight
+    assert lost <= in_flight, result
     assert last is not None and last.exit_code == 137, last  # the launcher exited with its SIGKILLed engine
     # the status said a decode was down, and the endpoint stayed the router (one Ready decode was left)
     assert any(s["decode_ready"] == 1 and s["Ready"] == "False" for s in during), during

@@ -50,6 +50,12 @@ CASES: dict[str, Case] = {
         [(f'hpd_runtime_kv_transfer_below_floor{{{RT},fabric="rdma"}}', "0x20")],
         DECODE_POD,
     ),
+    "HPDKVPathTCPEmulation": Case(
+        "35m",
+        [(f'hpd_runtime_kv_transport{{{RT},transport="tcp emulation"}}', "1x40")],
+        [(f'hpd_runtime_kv_transport{{{RT},transport="cuda_ipc"}}', "1x40")],
+        DECODE_POD,
+    ),
     "HPDCanaryFailing": Case(
         "5m",
         [

@@ -112,6 +112,10 @@ def test_the_forwarder_copies_vllm_output_unchanged_and_reports_the_transport() 
     launcher.forward_output(src, dst, on_choice)
     assert dst.getvalue() == (EMULATED + ZERO_COPY).encode()
     assert seen == ["tcp emulation", "cuda_ipc"] and state.kv_transport() == "cuda_ipc"
+    # the metric names the transport in use, and only that one (HPDKVPathTCPEmulation reads it)
+    samples = {s.labels["transport"]: s.value for m in state.metrics.registry.collect() if m.name ==
+               "hpd_runtime_kv_transport" for s in m.samples}  # fmt: skip
+    assert samples == {"cuda_ipc": 1.0}
 
 
 def _monitor(state: RuntimeState, **env: str) -> PairMonitor:

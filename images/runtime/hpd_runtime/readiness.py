@@ -151,6 +151,13 @@ class RuntimeMetrics:
             ["fabric"],
             registry=r,
         )
+        self.kv_transport = Gauge(
+            "hpd_runtime_kv_transport",
+            "Decode: 1 for the transport UCX chose for its KV reads (its protocol table in vLLM's output): cuda_ipc, "
+            "rdma, tcp emulation (P and D in separate PID namespaces on one node), or UCX's own words.",
+            ["transport"],
+            registry=r,
+        )
         self.canary_checks = Counter(
             "hpd_runtime_canary_checks",
             "Decode: canary P->D round trips after Ready, by result (ok, differs, error).",
@@ -208,7 +215,11 @@ class RuntimeState:
         """Decode: the transport UCX chose for the KV reads, from its protocol table in vLLM's output
         (`ucx_transport`; the launcher reads it when UCX_PROTO_INFO is on), e.g. `cuda_ipc` or `tcp emulation`."""
         with self._lock:
-            self._kv_transport = transport
+            before, self._kv_transport = self._kv_transport, transport
+        if before is not None and before != transport:
+            self.metrics.kv_transport.remove(before)
+        if transport is not None:
+            self.metrics.kv_transport.labels(transport).set(1)
 
     def kv_transport(self) -> str | None:
         with self._lock:

@@ -110,6 +110,19 @@ KV_TRANSFER = (
         "spec.kvTransfer.ucx.netDevices, GPUDirect (nvidia-peermem) on the node; decode's /readyz names the rate.",
     ),
     Alert(
+        name="HPDKVPathTCPEmulation",
+        expr=f'max by ({POD}) (hpd_runtime_kv_transport{{role="decode",transport="tcp emulation"}}) == 1',
+        for_="30m",
+        severity="info",
+        summary="KV moves over UCX's TCP emulation on decode pod {{ $labels.pod }}",
+        description="UCX chose its TCP emulation for the KV reads of {{ $labels.namespace }}/{{ $labels.pod }}: "
+        "prefill and decode on one node in separate PID namespaces (the default two pods) cannot open each other's "
+        "CUDA IPC handles, so KV moves at about 0.5 GB/s instead of 10-24 GB/s (docs/kv-topologies.md). Expected "
+        "with the default topology; the fast path on one node is spec.kvTransfer.processNamespace Pair.",
+        runbook="kubectl get hpd -o jsonpath='{.status.kvPath}'; to keep cuda_ipc on one node use "
+        "processNamespace: Pair (a fixed 1:1 pair per pod) or Host (opt-in security trade).",
+    ),
+    Alert(
         name="HPDCanaryFailing",
         expr=f'sum by ({POD}) (increase(hpd_runtime_canary_checks_total{{role="decode",result!="ok"}}[15m])) > 0',
         for_="0m",
