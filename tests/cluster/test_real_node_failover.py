@@ -66,7 +66,9 @@ from .test_real_node_e2e import (  # noqa: F401  (e2e, ready_cr: the module-scop
     unique_prompt,
 )
 
-RESULT = REPO / "bench" / "results" / "2026-12-04-real-node-failover.json"
+RESULT = REPO / "bench" / "results" / "2026-12-07-real-node-failover-retry-proxy.json"
+"""Where HPD_RECORD_RESULTS=1 writes (2026-12-04-real-node-failover.json: the same scenarios before the router pod had
+its retry proxy)."""
 RECORD = os.environ.get("HPD_RECORD_RESULTS") == "1"
 WORKERS = 2
 MAX_TOKENS = 2

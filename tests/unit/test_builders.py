@@ -293,9 +293,11 @@ def test_the_retry_proxys_config_reads_exactly_the_environment_the_operator_rend
     }  # fmt: skip
     assert f"monitor-uri {contract.PATH_RETRY_HEALTH}" in cfg
     assert 'bind 127.0.0.1:"${HPD_RETRY_HOLD_PORT}"' in cfg  # the hold is the pod's own, never a client's
-    # the router's failures are retried; a 504 (the router's own request timeout) never is
+    # the router's failures are retried; a 503 (no worker of a role: degraded mode's switch serves the client's next
+    # request elsewhere) and a 504 (the router's own request timeout) never are
     [retry_on] = [line.split()[1:] for line in cfg.splitlines() if line.strip().startswith("retry-on")]
-    assert "500" in retry_on and "conn-failure" in retry_on and "504" not in retry_on
+    assert "500" in retry_on and "conn-failure" in retry_on
+    assert "503" not in retry_on and "504" not in retry_on
 
 
 def test_engines_run_read_only_with_emptydirs_where_they_write() -> None:
