@@ -397,8 +397,10 @@ def test_the_only_decode_deleted_under_traffic_serves_colocated_on_prefill_then_
     with traffic, polling(watch, 0.1):
         traffic.wait_answered("before", 10)
         traffic.advance("before", "switching")
-        client.CoreV1Api(e2e.api).delete_namespaced_pod(victim.metadata.name, e2e.ns)
+        # the clock reads before the call: the router sees the pod Terminating (and drops it) while the API call is
+        # still returning, so a request ending during the call ended after the delete (in_flight_at_delete)
         t_delete = time.monotonic()
+        client.CoreV1Api(e2e.api).delete_namespaced_pod(victim.metadata.name, e2e.ns)
         wait_for(lambda: "degraded" in traffic.marks, READY_S, what="a colocated answer", show=traffic.summary)
         wait_for(lambda: "cr_degraded" in marks, 60, what="Degraded=True DecodeUnavailable")
         wait_for(lambda: "metric_colocated" in marks, 60, what="hpd_operator_serving_colocated{role=prefill} 1")
@@ -644,8 +646,10 @@ def test_the_only_prefill_deleted_under_traffic_serves_colocated_on_decode_then_
     with traffic, polling(watch, 0.1):
         traffic.wait_answered("before", 10)
         traffic.advance("before", "switching")
-        client.CoreV1Api(e2e.api).delete_namespaced_pod(victim.metadata.name, e2e.ns)
+        # the clock reads before the call: the router sees the pod Terminating (and drops it) while the API call is
+        # still returning, so a request ending during the call ended after the delete (in_flight_at_delete)
         t_delete = time.monotonic()
+        client.CoreV1Api(e2e.api).delete_namespaced_pod(victim.metadata.name, e2e.ns)
         show = lambda: (since(t_delete, marks), traffic.summary())  # noqa: E731
         wait_for(lambda: "degraded" in traffic.marks, READY_S, what="a colocated answer", show=show)
         wait_for(lambda: "cr_degraded" in marks, 60, what="Degraded=True PrefillUnavailable",
