@@ -581,7 +581,13 @@ def request_totals(report: dict[str, Any]) -> dict[str, int]:
 
 
 def setup_record(
-    *, gpus: str, model: str, vllm: str | None, sides: list[str], roles: dict[str, dict[str, Any]]
+    *,
+    gpus: str,
+    model: str,
+    vllm: str | None,
+    sides: list[str],
+    roles: dict[str, dict[str, Any]],
+    topology: str = "host",
 ) -> dict[str, Any]:
     """The result's `setup` (the fields tests/unit/test_bench_results.py asks of every result): the machine from
     nvidia-smi's names, GPUs per role from each role's CUDA_VISIBLE_DEVICES as started."""
@@ -601,7 +607,9 @@ def setup_record(
         "mode": "eager" if all("--enforce-eager" in a for a in argvs) else "compile",
         "gpus_per_role": per_role,
         "roles_share_gpu": bool(used) and bool(set.intersection(*used)),
-        "roles_share_pid_namespace": True,
+        # how each role was isolated (bench/gpu/isolation.py, --topology): the PID namespace decides cuda_ipc
+        "topology": topology,
+        "roles_share_pid_namespace": run.isolation.TOPOLOGIES[topology].roles_share_pid_namespace,
         "sides": sides,
     }
 
@@ -648,6 +656,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--free-ports", action="store_true", help="every port from the OS (tests)")
     ap.add_argument("--vllm-site", action="append", default=[], metavar="VERSION=DIR")
     ap.add_argument("--fresh-cache", action="store_true", help="empty the cache volume first (cold)")
+    ap.add_argument("--topology", choices=tuple(run.isolation.TOPOLOGIES), default="host",
+                    help="how each role is isolated, as bench/gpu/run.py's --topology: host, pods (each role its own "
+                         "PID, IPC and mount namespace: two default pods), pair (one pod's shared PID namespace)")  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -659,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         {n: {"vllm": 8400 + 100 * i, "runtime": 8401 + 100 * i, "side": 5800} for i, n in enumerate(COLOCATED)}
     )
     run.GPUS[:] = [int(g) for g in args.gpus.split(",")]
+    run.TOPOLOGY["name"] = args.topology
     run.shift_ports(args.port_offset)
     if args.free_ports:
         run.use_free_ports()
@@ -715,7 +727,9 @@ def main(argv: list[str] | None = None) -> int:
         roles = {n: r for rec in report["sides"].values() for n, r in (rec.get("roles") or {}).items()}
         # the engines' vLLM: the version the rendered env names (bench/gpu/run.py picks that version's site for them)
         vllm = next((r["env"].get(contract.ENV_VLLM_VERSION) for r in roles.values()), None)
-        report["setup"] = setup_record(gpus=report["gpu"], model=model_desc, vllm=vllm, sides=sides, roles=roles)
+        report["setup"] = setup_record(
+            gpus=report["gpu"], model=model_desc, vllm=vllm, sides=sides, roles=roles, topology=args.topology
+        )
         result.write_text(json.dumps(report, indent=1))
 
     reaper = Reaper(args.work / "pgids")
@@ -783,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         runner.close()
         report["reaped_at_end"] = reap(reaper.path)
+        if run.TOPOLOGY["holder"] is not None:  # the pair topology's namespace holder
+            run.isolation.stop_holder(run.TOPOLOGY["holder"])
+            run.TOPOLOGY["holder"] = run.TOPOLOGY["holder_pid"] = None
         report["seconds"] = round(time.monotonic() - t0, 1)
         save()
     brief = {side: {"start_s": (r.get("deployment") or {}).get("start_s"), "error": r.get("error"),

@@ -238,6 +238,22 @@ def test_the_results_totals_and_setup_say_what_ran(rendered: list[dict[str, Any]
     two = run_load.setup_record(gpus="NVIDIA H200\nNVIDIA H200", model="m", vllm="0.20.0", sides=["pd"], roles=as_run)
     assert two["machine"] == "nvidia-h200-x2: 2x H200" and two["gpus_per_role"] == {"prefill": [0], "decode": [1]}
     assert two["roles_share_gpu"] is False
+    # --topology: the result says how the roles were isolated; two default pods share no PID namespace (no cuda_ipc)
+    pods = run_load.setup_record(gpus="NVIDIA H200", model="m", vllm="0.20.0", sides=["pd"], roles=as_run,
+                                 topology="pods")  # fmt: skip
+    assert (pods["topology"], pods["roles_share_pid_namespace"]) == ("pods", False)
+    pair = run_load.setup_record(gpus="NVIDIA H200", model="m", vllm="0.20.0", sides=["pd"], roles=as_run,
+                                 topology="pair")  # fmt: skip
+    assert (pair["topology"], pair["roles_share_pid_namespace"]) == ("pair", True)
+    assert setup["topology"] == "host"
+
+
+def test_the_topology_flag_takes_the_isolation_benchs_topologies() -> None:
+    base = ["--rendered", "r.json", "--cr", "nemotron-h-8b", "--out", "o"]
+    assert run_load.parse_args(base).topology == "host"
+    assert run_load.parse_args([*base, "--topology", "pods"]).topology == "pods"
+    with pytest.raises(SystemExit):
+        run_load.parse_args([*base, "--topology", "shared"])
 
 
 def test_model_geometry_reads_the_hybrid_pattern() -> None:
