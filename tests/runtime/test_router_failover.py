@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -92,13 +93,15 @@ def retry_proxy(tmp_path: Path) -> Iterator[Callable[[str], str]]:
     exe = shutil.which("haproxy")
     assert exe, "haproxy is not installed (hack/real-node-tools.sh: apt-get install haproxy)"
     procs: list[subprocess.Popen[bytes]] = []
+    logs: list[IO[bytes]] = []
 
     def start(router_url: str) -> str:
         port = free_port()
         env = {**os.environ, contract.ENV_RETRY_PORT: str(port), contract.ENV_RETRY_ROUTER_PORT:
                router_url.rsplit(":", 1)[1], contract.ENV_RETRY_HOLD_PORT: str(free_port()),
                contract.ENV_RETRIES: str(constants.DEFAULT_ROUTER_RETRIES)}  # fmt: skip
-        log = (tmp_path / "haproxy.log").open("wb")
+        log = (tmp_path / f"haproxy-{len(procs)}.log").open("wb")  # one per proxy: a second would truncate the first's
+        logs.append(log)
         procs.append(subprocess.Popen([exe, "-db", "-f", str(RETRY_CONFIG)], env=env, stdout=log, stderr=log))
         url = f"http://{LOOPBACK}:{port}"
         wait_until(lambda: http("GET", url + contract.PATH_RETRY_HEALTH)[0] == 200, timeout=30, what="retry proxy")
@@ -108,6 +111,8 @@ def retry_proxy(tmp_path: Path) -> Iterator[Callable[[str], str]]:
     for p in procs:
         p.terminate()
         p.wait(10)
+    for f in logs:
+        f.close()
 
 
 @pytest.mark.parametrize("role", ["decode", "prefill"])
