@@ -67,6 +67,18 @@ def counts(run: dict[str, Any]) -> tuple[int, int]:
     return sent, failed
 
 
+KINDS = {"H200": "nvidia-h200", "H100": "nvidia-h100-x1"}
+
+
+def machine(gpu: Any) -> str:
+    """The setup's machine from the GPU name run.py recorded (nvidia-smi's), e.g. 'nvidia-h100-x1: 1x H100 80GB HBM3'."""
+    names = [g.strip().removeprefix("NVIDIA ") for g in str(gpu or "").splitlines() if g.strip()]
+    if not names:
+        return "not recorded"
+    kind = next((k for m, k in KINDS.items() if names[0].startswith(m)), "kind not recorded")
+    return f"{kind}: {len(names)}x {names[0]}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -94,7 +106,7 @@ def main() -> int:
         "command": a.command,
         "run_py_command": [r.get("command") for r in reps],
         "setup": {
-            "machine": "nvidia-h200: 1x H200",
+            "machine": machine(rep.get("gpu")),
             "model": a.model,
             "vllm_version": a.vllm_version,
             "mode": a.mode,
