@@ -67,16 +67,20 @@ def counts(run: dict[str, Any]) -> tuple[int, int]:
     return sent, failed
 
 
-KINDS = {"H200": "nvidia-h200", "H100": "nvidia-h100-x1"}
+# a GPU name's lent machine kind: (one GPU, n GPUs)
+KINDS = {"H200": ("nvidia-h200", "nvidia-h200-x{n}"), "H100": ("nvidia-h100-x1", "nvidia-h100-x{n}")}
 
 
-def machine(gpu: Any) -> str:
-    """The setup's machine from the GPU name run.py recorded (nvidia-smi's), e.g. 'nvidia-h100-x1: 1x H100 80GB HBM3'."""
-    names = [g.strip().removeprefix("NVIDIA ") for g in str(gpu or "").splitlines() if g.strip()]
+def machine(gpus: Any) -> str:
+    """A result setup's machine from nvidia-smi's GPU names (one per line, as bench/gpu/run.py's gpu_name records
+    them), e.g. 'nvidia-h100-x1: 1x H100 80GB HBM3'; bench/load/run_load.py's setup uses it too."""
+    names = [g.strip() for g in str(gpus or "").splitlines() if g.strip() and not g.startswith("none")]
     if not names:
-        return "not recorded"
-    kind = next((k for m, k in KINDS.items() if names[0].startswith(m)), "kind not recorded")
-    return f"{kind}: {len(names)}x {names[0]}"
+        return f"no GPU seen ({gpus})"
+    short = names[0].removeprefix("NVIDIA ")
+    kinds = next((k for m, k in KINDS.items() if short.startswith(m)), None) if len(set(names)) == 1 else None
+    kind = "kind not recorded" if kinds is None else kinds[len(names) > 1].format(n=len(names))
+    return f"{kind}: {len(names)}x {short}"
 
 
 def main() -> int:

@@ -59,6 +59,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "gpu"))
+import result_file  # noqa: E402  (bench/gpu/result_file.py: the setup's machine, as the GPU results name it)
 import run  # noqa: E402  (bench/gpu/run.py: role launching, the router, the KV transfer figures)
 
 from hpd_runtime import contract  # noqa: E402
@@ -591,17 +592,12 @@ def setup_record(
 ) -> dict[str, Any]:
     """The result's `setup` (the fields tests/unit/test_bench_results.py asks of every result): the machine from
     nvidia-smi's names, GPUs per role from each role's CUDA_VISIBLE_DEVICES as started."""
-    names = [g.strip() for g in gpus.splitlines() if g.strip() and not g.startswith("none")]
-    kinds = {"NVIDIA H200": "nvidia-h200"}
-    kind = kinds.get(names[0], "kind not recorded") if names and len(set(names)) == 1 else "kind not recorded"
-    if kind != "kind not recorded" and len(names) > 1:
-        kind += f"-x{len(names)}"
     per_role = {n: [int(g) for g in r["env"].get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
                 for n, r in roles.items()}  # fmt: skip
     used = [set(g) for g in per_role.values()]
     argvs = [r["argv"] for r in roles.values()]
     return {
-        "machine": f"{kind}: {len(names)}x {names[0].removeprefix('NVIDIA ')}" if names else f"no GPU seen ({gpus})",
+        "machine": result_file.machine(gpus),
         "model": model,
         "vllm_version": vllm,
         "mode": "eager" if all("--enforce-eager" in a for a in argvs) else "compile",

@@ -22,6 +22,9 @@ def test_the_machine_is_the_recorded_gpu() -> None:
     rf = load()
     assert rf.machine("NVIDIA H100 80GB HBM3") == "nvidia-h100-x1: 1x H100 80GB HBM3"
     assert rf.machine("NVIDIA H200") == "nvidia-h200: 1x H200"
-    assert rf.machine("NVIDIA H200\nNVIDIA H200\n") == "nvidia-h200: 2x H200"
-    assert rf.machine("") == rf.machine(None) == "not recorded"
+    assert rf.machine("NVIDIA H200\nNVIDIA H200\n") == "nvidia-h200-x2: 2x H200"
+    assert rf.machine("NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3") == "nvidia-h100-x2: 2x H100 80GB HBM3"
+    assert rf.machine("") == "no GPU seen ()"
+    assert rf.machine("none (nvidia-smi not found)") == "no GPU seen (none (nvidia-smi not found))"
     assert rf.machine("NVIDIA A100-SXM4-80GB") == "kind not recorded: 1x A100-SXM4-80GB"
+    assert rf.machine("NVIDIA H200\nNVIDIA H100 80GB HBM3") == "kind not recorded: 2x H200"
